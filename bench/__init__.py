@@ -1,0 +1,1 @@
+"""Production-shaped chat traffic and side-by-side scenarios."""

@@ -1,0 +1,1 @@
+"""Prefect flows, deployments and the `nightshift` command line."""

@@ -1,0 +1,33 @@
+"""The `nightshift` command line: one Typer app, each command group in a module of its own.
+
+Every module listed in `COMMAND_MODULES` exposes `register(app)`; heavy imports stay inside the
+command functions so that `nightshift --help` answers instantly.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+import typer
+
+COMMAND_MODULES: tuple[str, ...] = (
+    "flows.cli_engine",
+)
+
+app = typer.Typer(
+    name="nightshift",
+    help="Nightly long-document batch work on vLLM replicas shared with live chat.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+)
+
+for _name in COMMAND_MODULES:
+    importlib.import_module(_name).register(app)
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    main()

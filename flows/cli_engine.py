@@ -1,0 +1,116 @@
+"""`nightshift engine up|status|down` and `nightshift model build`: replicas from engine configs."""
+
+from __future__ import annotations
+
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import typer
+
+engine_app = typer.Typer(help="Start, inspect and stop vLLM replicas from engine configs.",
+                         no_args_is_help=True)
+model_app = typer.Typer(help="Build the local models the embedded default engines serve.",
+                        no_args_is_help=True)
+
+StateDir = typer.Option(Path("results/engines"), "--state-dir",
+                        help="Where replica logs and the list of running replicas live.")
+
+
+def register(app: typer.Typer) -> None:
+    app.add_typer(engine_app, name="engine")
+    app.add_typer(model_app, name="model")
+
+
+def fail(message: str, code: int = 2) -> typer.Exit:
+    """Print `message` to stderr and return the Exit to raise."""
+    typer.secho(message, err=True, fg="red")
+    return typer.Exit(code)
+
+
+def load_config_or_exit(path: Path):
+    from serving.engine_config import EngineConfigError, load_engine_config
+
+    try:
+        return load_engine_config(path)
+    except EngineConfigError as exc:
+        raise fail(str(exc)) from None
+
+
+@engine_app.command("up")
+def up(
+    config_path: Path = typer.Argument(..., help="Engine config YAML, e.g. engine_configs/cpu-tiny.yaml"),
+    port: int = typer.Option(8000, help="Port of the first replica; further replicas count up."),
+    replicas: int = typer.Option(1, min=1, help="How many replicas to start."),
+    host: str = typer.Option("127.0.0.1", help="Address to listen on."),
+    timeout: float = typer.Option(300.0, help="Seconds to wait for /health."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Print the engine command line and exit."),
+    state_dir: Path = StateDir,
+) -> None:
+    """Start replicas and wait until every one answers /health."""
+    from serving.launcher import EngineStartError, ReplicaSet, engine_argv
+    from serving.paths import SetupError
+
+    config = load_config_or_exit(config_path)
+    try:
+        if dry_run:
+            for i in range(replicas):
+                env = " ".join(f"{k}={shlex.quote(v)}" for k, v in config.env.items())
+                typer.echo(f"{env} {shlex.join(engine_argv(config, port + i, host))}".strip())
+            return
+        started = ReplicaSet(state_dir).up(config, str(config_path), port, replicas, host, timeout)
+    except (SetupError, EngineStartError) as exc:
+        raise fail(str(exc)) from None
+    for r in started:
+        typer.echo(f"{r.name}  {r.base_url}  pid {r.pid}  log {r.log}")
+
+
+@engine_app.command("status")
+def status(state_dir: Path = StateDir) -> None:
+    """List recorded replicas and whether each is healthy, starting or dead."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from serving.launcher import ReplicaSet
+
+    rows = ReplicaSet(state_dir).status()
+    if not rows:
+        typer.echo("no replicas recorded")
+        return
+    table = Table("replica", "url", "model", "pid", "state", "log")
+    for r, state in rows:
+        table.add_row(r.name, r.base_url, r.served_model, str(r.pid), state, r.log)
+    Console().print(table)
+
+
+@engine_app.command("down")
+def down(
+    names: list[str] = typer.Argument(None, help="Replica names to stop; all when omitted."),
+    state_dir: Path = StateDir,
+) -> None:
+    """Stop replicas: their whole process group, nothing left behind."""
+    from serving.launcher import ReplicaSet
+
+    stopped = ReplicaSet(state_dir).down(names or None)
+    typer.echo(f"stopped {len(stopped)} replica(s)" + "".join(f"\n  {r.name}" for r in stopped))
+
+
+@model_app.command("build")
+def build(
+    names: list[str] = typer.Argument(..., help="Local model names: tiny, small."),
+    force: bool = typer.Option(False, help="Rebuild even when an identical build exists."),
+) -> None:
+    """Build local models into the cache (runs in the engine environment, which has torch)."""
+    from serving.local_models import RECIPES
+    from serving.paths import SetupError, engine_python
+
+    unknown = [n for n in names if n not in RECIPES]
+    if unknown:
+        raise fail(f"unknown local model {unknown[0]!r}; known: {', '.join(sorted(RECIPES))}")
+    try:
+        python = engine_python()
+    except SetupError as exc:
+        raise fail(str(exc)) from None
+    cmd = [str(python), "-m", "serving.local_models", "build", *names, *(["--force"] if force else [])]
+    sys.exit(subprocess.call(cmd))

@@ -1,0 +1,1 @@
+"""Ray Data jobs: read the corpus, split, admit through the Gate, summarize, write."""

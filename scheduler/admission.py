@@ -1,0 +1,100 @@
+"""The admission interface: what a policy observes about a replica and what it decides (DESIGN §4).
+
+A policy is pure and clock-agnostic: `decide(observation) -> decision`. The simulator feeds it
+observations stamped with virtual time, the Gate with wall time; neither the policy nor these types
+know the difference. Two trivial policies live here as baselines for benchmarks; the SLO-aware
+controller implements the same protocol.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol
+
+
+@dataclass(frozen=True, slots=True)
+class BatchInFlight:
+    """One admitted batch request on the replica: how far its prompt has been prefilled."""
+
+    prompt_tokens: int
+    prefilled_tokens: int = 0
+
+    @property
+    def prefill_remaining(self) -> int:
+        return max(0, self.prompt_tokens - self.prefilled_tokens)
+
+
+@dataclass(frozen=True, slots=True)
+class Observation:
+    """What the sensors saw on one replica over the last window.
+
+    Latency fields are None when the window held no chat traffic of that kind; `fresh` is False when
+    the sensor could not read the replica this time (the controller must then fail safe).
+    """
+
+    t: float
+    replica: str
+    fresh: bool = True
+    chat_itl_p99_s: float | None = None
+    chat_ttft_p99_s: float | None = None
+    kv_usage: float | None = None
+    preemptions: int = 0
+    running: int = 0
+    waiting: int = 0
+    chat_decoding: int = 0
+    chat_decode_context_tokens: int = 0
+    batch_in_flight: tuple[BatchInFlight, ...] = ()
+    step_samples_s: tuple[float, ...] = field(default=(), repr=False)
+    # KV the replica holds, in tokens: lets the KV guard count admitted prompts not yet prefilled
+    kv_capacity_tokens: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """Caps for batch work on one replica until the next decision.
+
+    `batch_seats`: batch sequences that may be in flight at once. `chunk_tokens`: the largest batch
+    prompt section (and prefill chunk) to admit. `pause`: admit nothing new. `reason`: a short
+    machine-friendly word for the decisions table (`cold-start`, `grow`, `itl-violation`, ...).
+    """
+
+    batch_seats: int
+    chunk_tokens: int
+    pause: bool = False
+    reason: str = ""
+    predicted_step_ms: float | None = None
+
+
+class AdmissionPolicy(Protocol):
+    """Anything that turns an observation of a replica into caps for batch work on it."""
+
+    def decide(self, observation: Observation) -> Decision: ...
+
+
+@dataclass
+class NoAdmissionControl:
+    """Admit everything: the `uncontrolled` baseline. Caps are only what the engine itself allows."""
+
+    max_seats: int = 1_000_000
+    max_chunk_tokens: int = 1_000_000
+
+    def decide(self, observation: Observation) -> Decision:
+        return Decision(self.max_seats, self.max_chunk_tokens, reason="uncontrolled")
+
+
+@dataclass
+class StaticCaps:
+    """Fixed seats and chunk size, blind to load: the `static` baseline a sweep picks in hindsight."""
+
+    batch_seats: int
+    chunk_tokens: int
+
+    def __post_init__(self) -> None:
+        if self.batch_seats < 0 or self.chunk_tokens < 1:
+            raise ValueError(
+                f"static caps need batch_seats >= 0 and chunk_tokens >= 1, "
+                f"got {self.batch_seats} and {self.chunk_tokens}"
+            )
+
+    def decide(self, observation: Observation) -> Decision:
+        return Decision(self.batch_seats, self.chunk_tokens, reason="static")

@@ -1,0 +1,235 @@
+"""Start, watch and stop vLLM replicas as child processes, one process group each.
+
+Each replica runs the engine's interpreter (`.venv-engine`) in a new session, so stopping it means
+signalling one process group: the API server, its engine core and any worker it spawned go together
+and nothing is left orphaned. Replicas are recorded in `<state_dir>/replicas.json` the moment they
+start, so `nightshift engine down` can stop replicas that a crashed or interrupted `up` left behind.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import httpx
+
+from serving import local_models
+from serving.engine_config import EngineConfig, render_flags
+from serving.paths import engine_python
+
+ENGINE_MODULE = "vllm.entrypoints.openai.api_server"
+LOG_TAIL_LINES = 40
+
+
+class EngineStartError(RuntimeError):
+    """A replica that could not start; the message carries the reason and the log's tail."""
+
+
+@dataclass
+class Replica:
+    """One running engine process group."""
+
+    name: str
+    config: str
+    served_model: str
+    host: str
+    port: int
+    pid: int
+    log: str
+    started_at: float
+
+    @property
+    def base_url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+
+def model_location(config: EngineConfig) -> str:
+    """The path the engine loads: a built local model, or the configured path or hub id."""
+    if config.model.local_name:
+        return str(local_models.resolve(config.model.local_name))
+    return config.model.path
+
+
+def engine_argv(config: EngineConfig, port: int, host: str = "127.0.0.1") -> list[str]:
+    """The exact command line of one replica."""
+    return [
+        str(engine_python()), "-m", ENGINE_MODULE,
+        "--model", model_location(config),
+        "--served-model-name", config.model.served_name,
+        "--host", host,
+        "--port", str(port),
+        *render_flags(config.vllm),
+    ]
+
+
+def port_in_use(host: str, port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError:
+            return True
+    return False
+
+
+class ReplicaSet:
+    """The replicas recorded under one state folder (default `results/engines`)."""
+
+    def __init__(self, state_dir: str | Path = "results/engines") -> None:
+        self.state_dir = Path(state_dir)
+        self.state_file = self.state_dir / "replicas.json"
+
+    def load(self) -> list[Replica]:
+        if not self.state_file.exists():
+            return []
+        return [Replica(**r) for r in json.loads(self.state_file.read_text())]
+
+    def _save(self, replicas: list[Replica]) -> None:
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        tmp = self.state_file.with_suffix(".tmp")
+        tmp.write_text(json.dumps([asdict(r) for r in replicas], indent=2))
+        tmp.replace(self.state_file)
+
+    def up(self, config: EngineConfig, config_path: str, port: int, count: int = 1,
+           host: str = "127.0.0.1", timeout_s: float = 300.0) -> list[Replica]:
+        """Start `count` replicas on consecutive ports and wait until all answer /health.
+
+        Any failure stops every replica this call started, then raises EngineStartError."""
+        ports = [port + i for i in range(count)]
+        busy = [p for p in ports if port_in_use(host, p)]
+        if busy:
+            raise EngineStartError(
+                f"port {busy[0]} on {host} is already in use (another replica? see "
+                "`nightshift engine status`); choose a free one with --port")
+        argv = {p: engine_argv(config, p, host) for p in ports}  # fails early on a missing model
+        started: list[Replica] = []
+        try:
+            for p in ports:
+                started.append(self._spawn(config, config_path, argv[p], host, p))
+            for r in started:
+                wait_healthy(r, timeout_s)
+        except BaseException:
+            self.down([r.name for r in started])
+            raise
+        return started
+
+    def _spawn(self, config: EngineConfig, config_path: str, argv: list[str], host: str,
+               port: int) -> Replica:
+        name = f"{config.name}-{port}"
+        log = self.state_dir / f"{name}.log"
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        with open(log, "wb") as out:
+            proc = subprocess.Popen(
+                argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                env={**os.environ, **config.env}, start_new_session=True)
+        replica = Replica(name, config_path, config.model.served_name, host, port, proc.pid,
+                          str(log), time.time())
+        self._save([r for r in self.load() if r.name != name] + [replica])
+        return replica
+
+    def status(self) -> list[tuple[Replica, str]]:
+        """Each recorded replica with `healthy`, `starting` (alive, not answering) or `dead`."""
+        return [(r, _state(r)) for r in self.load()]
+
+    def down(self, names: list[str] | None = None, grace_s: float = 20.0) -> list[Replica]:
+        """Stop the named replicas (all when None): SIGTERM to the group, SIGKILL after `grace_s`."""
+        replicas = self.load()
+        chosen = [r for r in replicas if names is None or r.name in names]
+        for r in chosen:
+            _signal_group(r.pid, signal.SIGTERM)
+        deadline = time.monotonic() + grace_s
+        while any(_group_alive(r.pid) for r in chosen) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        for r in chosen:
+            _signal_group(r.pid, signal.SIGKILL)
+            _reap(r.pid)
+        self._save([r for r in replicas if r not in chosen])
+        return chosen
+
+    @contextlib.contextmanager
+    def running(self, config: EngineConfig, config_path: str, port: int, count: int = 1,
+                timeout_s: float = 300.0) -> Iterator[list[Replica]]:
+        """Replicas that exist for the duration of a `with` block, stopped on any exit."""
+        replicas = self.up(config, config_path, port, count, timeout_s=timeout_s)
+        try:
+            yield replicas
+        finally:
+            self.down([r.name for r in replicas])
+
+
+def wait_healthy(replica: Replica, timeout_s: float) -> None:
+    """Poll /health until it answers 200; fail fast with the log's tail if the engine dies."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if not _group_alive(replica.pid):
+            raise EngineStartError(
+                f"replica {replica.name} exited during start-up; last lines of {replica.log}:\n"
+                + log_tail(replica.log))
+        if _healthy(replica):
+            return
+        time.sleep(1.0)
+    raise EngineStartError(
+        f"replica {replica.name} did not answer {replica.base_url}/health within {timeout_s:.0f} s;"
+        f" last lines of {replica.log}:\n" + log_tail(replica.log))
+
+
+def log_tail(path: str, lines: int = LOG_TAIL_LINES) -> str:
+    try:
+        return "\n".join(Path(path).read_text(errors="replace").splitlines()[-lines:])
+    except OSError as exc:
+        return f"(log unreadable: {exc})"
+
+
+def _healthy(replica: Replica) -> bool:
+    try:
+        return httpx.get(f"{replica.base_url}/health", timeout=2.0).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def _state(replica: Replica) -> str:
+    if not _group_alive(replica.pid):
+        return "dead"
+    return "healthy" if _healthy(replica) else "starting"
+
+
+def _signal_group(pgid: int, sig: signal.Signals) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, sig)
+
+
+def _group_alive(pgid: int) -> bool:
+    """True while any process of the group lives (zombies of our own children are reaped first)."""
+    _reap(pgid)
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return _has_live_member(pgid)
+
+
+def _has_live_member(pgid: int) -> bool:
+    """killpg(0) succeeds on zombies; look at /proc so a reaped-but-unwaited leader is not 'alive'."""
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[2]) == pgid and fields[0] != "Z":
+            return True
+    return False
+
+
+def _reap(pid: int) -> None:
+    with contextlib.suppress(ChildProcessError, OSError):
+        os.waitpid(pid, os.WNOHANG)

@@ -1,0 +1,180 @@
+"""Small local Llama models: the embedded default engine, built here, never downloaded.
+
+Random weights make the text meaningless, but step timing depends only on the model's shape, and
+that is what the controller cares about. A recipe fixes the shape; its hash (with the tokenizer text
+and this builder's version) names the cache folder, so a changed recipe is rebuilt and an unchanged
+one is built once. The build runs in the engine environment, which has torch and transformers:
+
+    .venv-engine/bin/python -m serving.local_models build small
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import shutil
+import sys
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from serving.paths import REPO_ROOT, SetupError, cache_root
+
+BUILDER_VERSION = 1
+TEXT_DIR = REPO_ROOT / "serving" / "model_text"
+SPECIAL_TOKENS = (
+    "<|begin_of_text|>",
+    "<|end_of_text|>",
+    "<|start_header_id|>",
+    "<|end_header_id|>",
+    "<|eot_id|>",
+)
+# Llama-3 style, so prompts look like the production model's and the shared prefix comes first.
+CHAT_TEMPLATE = (
+    "{{ bos_token }}{% for m in messages %}<|start_header_id|>{{ m['role'] }}<|end_header_id|>\n\n"
+    "{{ m['content'] }}<|eot_id|>{% endfor %}"
+    "{% if add_generation_prompt %}<|start_header_id|>assistant<|end_header_id|>\n\n{% endif %}"
+)
+
+
+@dataclass(frozen=True)
+class ModelRecipe:
+    """The shape of one local model. Changing any field changes the cache folder."""
+
+    layers: int
+    hidden: int
+    intermediate: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    vocab_target: int
+    max_position: int
+    seed: int = 0
+    dtype: str = "bfloat16"
+
+
+RECIPES: dict[str, ModelRecipe] = {
+    # Fast to load and step; for tests that need a real engine, not realistic timing.
+    "tiny": ModelRecipe(layers=2, hidden=64, intermediate=256, heads=2, kv_heads=1, head_dim=32,
+                        vocab_target=1024, max_position=4096),
+    # For the demo and benchmarks: on this CPU a 512-token prefill chunk costs about as much as
+    # one to two decode steps at a short prefix and several times more deep into a long prompt,
+    # the proportions of a 70B model on H100s (README, "The local models").
+    "small": ModelRecipe(layers=4, hidden=256, intermediate=768, heads=4, kv_heads=2, head_dim=64,
+                         vocab_target=2048, max_position=32768),
+}
+
+
+class LocalModelMissing(SetupError):
+    """A `local:NAME` model that has not been built yet."""
+
+
+def recipe(name: str) -> ModelRecipe:
+    if name not in RECIPES:
+        raise SetupError(f"unknown local model {name!r}; known: {', '.join(sorted(RECIPES))}")
+    return RECIPES[name]
+
+
+def recipe_hash(name: str) -> str:
+    """Hash of everything that determines the built files."""
+    h = hashlib.sha256(json.dumps(asdict(recipe(name)), sort_keys=True).encode())
+    h.update(f"builder-{BUILDER_VERSION}".encode())
+    for path in sorted(TEXT_DIR.glob("*.txt")):
+        h.update(path.read_bytes())
+    return h.hexdigest()[:12]
+
+
+def model_dir(name: str) -> Path:
+    return cache_root() / "models" / f"{name}-{recipe_hash(name)}"
+
+
+def resolve(name: str) -> Path:
+    """The built folder of local model `name`, or an error that gives the command to build it."""
+    path = model_dir(name)
+    if not (path / "config.json").exists():
+        raise LocalModelMissing(
+            f"local model {name!r} is not built (expected {path}); build it with "
+            f"`nightshift model build {name}` or `make models`"
+        )
+    return path
+
+
+def build(name: str, force: bool = False) -> Path:
+    """Build local model `name` into the cache unless an identical build is already there."""
+    target = model_dir(name)
+    if (target / "config.json").exists() and not force:
+        return target
+    staging = target.with_name(target.name + ".partial")
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir(parents=True)
+    tokenizer = _train_tokenizer(recipe(name))
+    tokenizer.save_pretrained(staging)
+    _write_model(recipe(name), len(tokenizer), staging)
+    shutil.rmtree(target, ignore_errors=True)
+    staging.rename(target)  # atomic: a half-built model is never mistaken for a built one
+    return target
+
+
+def _train_tokenizer(r: ModelRecipe):
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=r.vocab_target,
+        special_tokens=list(SPECIAL_TOKENS),
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train([str(p) for p in sorted(TEXT_DIR.glob("*.txt"))], trainer)
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        bos_token="<|begin_of_text|>",
+        eos_token="<|eot_id|>",
+        pad_token="<|end_of_text|>",
+        model_max_length=r.max_position,
+    )
+    fast.chat_template = CHAT_TEMPLATE
+    return fast
+
+
+def _write_model(r: ModelRecipe, vocab_size: int, out: Path) -> None:
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(r.seed)
+    config = LlamaConfig(
+        vocab_size=-(-vocab_size // 64) * 64,
+        hidden_size=r.hidden,
+        intermediate_size=r.intermediate,
+        num_hidden_layers=r.layers,
+        num_attention_heads=r.heads,
+        num_key_value_heads=r.kv_heads,
+        head_dim=r.head_dim,
+        max_position_embeddings=r.max_position,
+        tie_word_embeddings=False,
+        bos_token_id=0,
+        eos_token_id=4,
+        pad_token_id=1,
+        torch_dtype=r.dtype,
+    )
+    model = LlamaForCausalLM(config).to(getattr(torch, r.dtype))
+    model.save_pretrained(out, safe_serialization=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m serving.local_models")
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    b = sub.add_parser("build", help="build local models into the cache")
+    b.add_argument("names", nargs="+", choices=sorted(RECIPES))
+    b.add_argument("--force", action="store_true", help="rebuild even if an identical build exists")
+    args = parser.parse_args(argv)
+    for name in args.names:
+        print(f"{name}: {build(name, force=args.force)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

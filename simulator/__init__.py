@@ -1,0 +1,1 @@
+"""A discrete-event vLLM-like replica in virtual time, driving the same controller as production."""

@@ -1,0 +1,42 @@
+"""Real vLLM replicas for integration tests, started from the repository's engine configs."""
+
+from __future__ import annotations
+
+import socket
+from pathlib import Path
+
+import pytest
+
+from serving.engine_config import load_engine_config
+from serving.launcher import ReplicaSet
+
+REPO = Path(__file__).resolve().parents[2]
+TINY = REPO / "engine_configs" / "cpu-tiny.yaml"
+
+
+def free_port_block(count: int) -> int:
+    """First port of `count` consecutive free ports."""
+    for _ in range(50):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            first = s.getsockname()[1]
+        if first + count < 65000 and all(_free(first + i) for i in range(count)):
+            return first
+    raise RuntimeError("no block of free ports found")
+
+
+def _free(port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+@pytest.fixture(scope="session")
+def tiny_replica(tmp_path_factory):
+    """One cpu-tiny replica for the whole session."""
+    replicas = ReplicaSet(tmp_path_factory.mktemp("engines"))
+    with replicas.running(load_engine_config(TINY), str(TINY), free_port_block(1)) as started:
+        yield started[0]

@@ -1,0 +1,48 @@
+"""A real cpu-tiny replica: streaming through our client, metrics agreeing with what we streamed."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+
+from serving.client import StreamingClient
+from serving.metrics import histogram_delta, parse_metrics
+
+pytestmark = pytest.mark.engine
+
+ITL = "vllm:inter_token_latency_seconds"
+
+
+def scrape(url: str):
+    return parse_metrics(httpx.get(f"{url}/metrics", timeout=10).text)
+
+
+async def test_completion_and_chat_stream_with_timings(tiny_replica) -> None:
+    url = tiny_replica.base_url
+    before = scrape(url)
+    async with StreamingClient(url, tiny_replica.served_model, run_id="it") as client:
+        done = await client.complete("The night shift begins", max_tokens=24, ignore_eos=True,
+                                     cls="batch", stage="whole", doc_id="d1")
+        chat = await client.chat([{"role": "user", "content": "Summarize the lease."}],
+                                 max_tokens=12, ignore_eos=True)
+    after = scrape(url)
+    for result, n in ((done, 24), (chat, 12)):
+        rec = result.record
+        assert result.ok, rec.error
+        assert rec.output_tokens == n and len(result.token_times) == n
+        assert rec.prompt_tokens > 0
+        assert 0 < rec.ttft_s < 30 and rec.e2e_s >= rec.ttft_s
+        assert rec.itl_p50_s > 0 and rec.itl_p99_s >= rec.itl_p50_s
+        assert len(rec.gaps) == n - 1
+    streamed_gaps = len(done.record.gaps) + len(chat.record.gaps)
+    delta = histogram_delta(after.histogram(ITL), before.histogram(ITL))
+    assert delta.count == streamed_gaps
+    ttft = histogram_delta(after.histogram("vllm:time_to_first_token_seconds"),
+                           before.histogram("vllm:time_to_first_token_seconds"))
+    assert ttft.count == 2
+
+
+async def test_priority_field_is_accepted(tiny_replica) -> None:
+    async with StreamingClient(tiny_replica.base_url, tiny_replica.served_model) as client:
+        low = await client.complete("x", max_tokens=2, priority=50)
+    assert low.ok, low.record.error
