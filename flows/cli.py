@@ -12,6 +12,7 @@ import typer
 
 COMMAND_MODULES: tuple[str, ...] = (
     "flows.cli_engine",
+    "flows.cli_plan",
 )
 
 app = typer.Typer(
