@@ -116,6 +116,7 @@ class ReplicaSet:
                 started.append(self._spawn(config, config_path, argv[p], host, p))
             for r in started:
                 wait_healthy(r, timeout_s)
+                warm_up(r, int(config.flag("max-num-batched-tokens", 512)))
         except BaseException:
             self.down([r.name for r in started])
             raise
@@ -179,6 +180,19 @@ def wait_healthy(replica: Replica, timeout_s: float) -> None:
     raise EngineStartError(
         f"replica {replica.name} did not answer {replica.base_url}/health within {timeout_s:.0f} s;"
         f" last lines of {replica.log}:\n" + log_tail(replica.log))
+
+
+def warm_up(replica: Replica, step_tokens: int) -> None:
+    """Run a short and a budget-sized request so first-use compilation is not billed to the
+    first real request (on the CPU engine it shows as a TTFT of hundreds of milliseconds)."""
+    words = max(8, step_tokens // 2)
+    for prompt, n in (("warm up", 4), (" ".join(["warm"] * words), 16)):
+        try:
+            httpx.post(f"{replica.base_url}/v1/completions", timeout=120.0,
+                       json={"model": replica.served_model, "prompt": prompt, "max_tokens": n,
+                             "ignore_eos": True})
+        except httpx.HTTPError:
+            return  # warm-up is best effort; a replica that cannot answer fails its first request
 
 
 def log_tail(path: str, lines: int = LOG_TAIL_LINES) -> str:

@@ -1,0 +1,49 @@
+# The README's two commands, `make demo` and `make test`, set up everything they need on a fresh
+# machine. Every target is idempotent: environments are (re)built only when their lock file changes.
+
+PYTHON ?= python3.11
+VENV := .venv
+ENGINE_VENV := .venv-engine
+# A CUDA host gets the GPU build of vLLM; everywhere else the CPU build pinned in the lock file.
+HAS_GPU := $(shell command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1 && echo yes)
+ENGINE_LOCK := $(if $(HAS_GPU),requirements/engine-gpu.txt,requirements/engine-cpu.lock)
+
+.PHONY: demo test unit lint venv engine-venv models clean-results
+
+demo: venv engine-venv models
+	$(VENV)/bin/python -m flows.demo
+
+test: venv engine-venv models
+	$(VENV)/bin/python -m pytest -q
+
+unit: venv
+	$(VENV)/bin/python -m pytest -q tests/unit
+
+lint: venv
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+venv: $(VENV)/.installed
+engine-venv: $(ENGINE_VENV)/.installed
+
+$(VENV)/.installed: requirements/control.lock pyproject.toml
+	test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
+	$(VENV)/bin/pip install -q --upgrade pip
+	$(VENV)/bin/pip install -q -r requirements/control.lock
+	$(VENV)/bin/pip install -q --no-deps -e .
+	touch $@
+
+$(ENGINE_VENV)/.installed: $(ENGINE_LOCK) pyproject.toml
+	test -x $(ENGINE_VENV)/bin/python || $(PYTHON) -m venv $(ENGINE_VENV)
+	$(ENGINE_VENV)/bin/pip install -q --upgrade pip
+	$(ENGINE_VENV)/bin/pip install -q -r $(ENGINE_LOCK)
+	# PyPI's torchvision & co. break transformers' model imports beside the CPU torch build.
+	$(if $(HAS_GPU),,$(ENGINE_VENV)/bin/pip uninstall -q -y torchvision torchaudio torchcodec || true)
+	$(ENGINE_VENV)/bin/pip install -q --no-deps -e .
+	touch $@
+
+models: engine-venv
+	$(ENGINE_VENV)/bin/python -m serving.local_models build tiny small
+
+clean-results:
+	rm -rf results
