@@ -1,0 +1,432 @@
+"""The Gate: one named Ray actor per run that every batch worker asks for a seat before it sends.
+
+Ray Data spreads a night's documents over many workers; admission must still be decided in one place
+per replica, or each worker would fill "its" share and together they would flood the engine. So the
+Gate holds the policy (the SLO controller, or a baseline), polls the sensors every `interval_s`,
+turns each observation into a decision, and hands out permits under the caps it decided:
+
+    permit = await gate.acquire.remote(doc_id, prompt_tokens, max_tokens)   # waits for a seat
+    ... stream the request to permit.base_url with priority=permit.priority ...
+    gate.release.remote(permit.permit_id, record.row(), gap_rows)            # frees it, feeds back
+
+A cut never revokes a permit already granted: an in-flight prefill cannot be taken back without
+wasting it, so a cut only stops new grants until enough permits come back. Every decision is kept
+for the run's decisions table and exported to Prometheus.
+
+What "chunk size" means out here: the Gate cannot change how the engine splits a prompt, only what
+it admits, so `chunk_tokens` is the size of the batch prompt sections the pipeline sends (map-reduce
+mode) and seats are how many batch prefills run at once. Inside the engine the per-step prefill
+chunk is `max_num_batched_tokens` / `long_prefill_token_threshold` from the engine config, fixed at
+start-up, which the planner recommends. Batch always runs at a lower priority than chat.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import ray
+
+from pipelines.gate_metrics import GateMetrics
+from pipelines.gate_setup import (
+    PolicyName,
+    build_policy,
+    build_sensor,
+    check_interval,
+    check_sensor_spec,
+)
+from scheduler import kv_guard
+from scheduler.admission import BatchInFlight, Decision, Observation
+from scheduler.controller import ControllerConfig, SLOController
+from scheduler.slo import SLO
+from scheduler.step import StepTimeModel
+from serving.sensors import Sensor, StreamedTimingsSensor
+
+log = logging.getLogger("nightshift.gate")
+
+BATCH_PRIORITY = 10
+"""vLLM's `priority` for batch requests: lower runs first and chat sends 0, so batch always yields."""
+
+
+@dataclass(frozen=True, slots=True)
+class Permit:
+    """A seat on one replica: send the request there, with this priority, in sections of at most
+    `chunk_tokens`, and release it when the request ends (also on failure)."""
+
+    permit_id: str
+    replica: str
+    base_url: str
+    chunk_tokens: int
+    priority: int
+    granted_at: float
+
+
+@dataclass
+class _Held:
+    """A granted permit as the Gate tracks it."""
+
+    permit: Permit
+    prompt_tokens: int
+    prefilled_tokens: int = 0
+
+
+@dataclass
+class _Replica:
+    """One replica's current caps, last observation and the permits it holds."""
+
+    name: str
+    base_url: str
+    up: bool = True
+    decision: Decision | None = None
+    observation: Observation | None = None
+    committed_kv: float = 0.0
+    granted_kv_tokens: int = 0  # KV of permits granted since the last observation
+    held: dict[str, _Held] = field(default_factory=dict)
+
+    def free_seats(self) -> int:
+        return (self.decision.batch_seats if self.decision else 0) - len(self.held)
+
+
+class GateActor:
+    """The Gate's logic; `Gate` below is this class as a Ray actor. Every method runs on the
+    actor's one event loop, so the seat ledger needs no locks, only a condition to wait on."""
+
+    def __init__(
+        self,
+        run_id: str,
+        replicas: Iterable[tuple[str, str]],
+        slo: SLO | None = None,
+        policy: PolicyName = "slo",
+        controller: ControllerConfig | None = None,
+        latency_model: str | Path | StepTimeModel | None = None,
+        static_caps: tuple[int, int] = (4, 2048),
+        sensor: Mapping[str, Any] | Sensor | None = None,
+        interval_s: float = 5.0,
+        metrics_port: int | None = None,
+    ) -> None:
+        self.run_id = run_id
+        self.replicas = {name: _Replica(name, url) for name, url in replicas}
+        if not self.replicas:
+            raise ValueError("a Gate needs at least one replica (name, base_url)")
+        self.slo = slo or SLO()
+        self.policy = build_policy(policy, self.slo, controller, latency_model, static_caps)
+        check_interval(self.policy, interval_s)
+        self.streamed = StreamedTimingsSensor(self.replicas)
+        urls = {r.name: r.base_url for r in self.replicas.values()}
+        self.sensor = build_sensor(sensor or {"kind": "vllm"}, urls, self.streamed)
+        self.interval_s = interval_s
+        self.metrics = GateMetrics()
+        self.metrics_port = self.metrics.serve(metrics_port) if metrics_port is not None else None
+        self._rows: list[dict] = []
+        self._ids = itertools.count(1)
+        self._counts = {"granted": 0, "released": 0, "failed": 0, "polls": 0, "sensor_errors": 0}
+        self._waiting = 0
+        self._cond = asyncio.Condition()  # binds to the actor's loop on first use
+        self._loop_task: asyncio.Task | None = None
+
+    # -- permits ----------------------------------------------------------------------------
+
+    async def acquire(
+        self, doc_id: str, prompt_tokens: int, max_tokens: int = 0, timeout_s: float | None = None
+    ) -> Permit:
+        """Wait for a seat under the current caps and take it on the replica with most headroom.
+
+        Raises at once (and wakes waiters to raise) when no replica is up or none could ever hold
+        the request's KV; raises TimeoutError after `timeout_s` without a seat."""
+        await self._start()
+        kv_tokens = prompt_tokens + max_tokens
+        self._waiting += 1
+        try:
+            async with asyncio.timeout(timeout_s), self._cond:
+                while True:
+                    self._check_can_ever_fit(kv_tokens)
+                    replica = self._route(kv_tokens)
+                    if replica is not None:
+                        return self._grant(replica, doc_id, prompt_tokens, kv_tokens)
+                    await self._cond.wait()
+        except TimeoutError:
+            raise TimeoutError(
+                f"no batch seat for {doc_id} within {timeout_s} s; caps: {self._caps()}"
+            ) from None
+        finally:
+            self._waiting -= 1
+
+    async def release(
+        self, permit_id: str, record_row: dict | None = None, gaps: list[dict] | None = None
+    ) -> bool:
+        """Free a seat and feed the request's timings (its record row and token-gap rows with
+        `t`, `gap_s`) to the streamed sensor. Releasing an unknown or already released permit is a
+        no-op returning False, so retried releases are harmless."""
+        await self._start()
+        for r in self.replicas.values():
+            held = r.held.pop(permit_id, None)
+            if held is not None:
+                break
+        else:
+            return False
+        self._counts["released"] += 1
+        if record_row is not None:
+            self._counts["failed"] += record_row.get("status", "ok") != "ok"
+            self._feed(record_row, gaps)
+        async with self._cond:
+            self._cond.notify_all()
+        return True
+
+    async def progress(self, permit_id: str, prefilled_tokens: int) -> None:
+        """How far a permit's prompt is prefilled (e.g. all of it once its first token arrived);
+        without it the Gate assumes none, which overstates pending KV, the safe side."""
+        for r in self.replicas.values():
+            if permit_id in r.held:
+                r.held[permit_id].prefilled_tokens = prefilled_tokens
+
+    async def report(self, record_row: dict, gaps: list[dict] | None = None) -> None:
+        """Timings of a request that held no permit (a chat request seen by a load generator or a
+        gateway), so the controller sees exact chat ITL and TTFT."""
+        self._feed(record_row, gaps)
+
+    async def mark_down(self, replica: str) -> None:
+        """A replica died: grant nothing more there. Its permits stay until released."""
+        await self._start()
+        if replica not in self.replicas:
+            raise ValueError(f"unknown replica {replica!r}; this Gate has {sorted(self.replicas)}")
+        self.replicas[replica].up = False
+        log.warning("replica %s marked down; no more permits there", replica)
+        async with self._cond:
+            self._cond.notify_all()
+
+    # -- views ------------------------------------------------------------------------------
+
+    async def caps(self) -> dict[str, dict]:
+        """Current caps per replica; the pipeline sizes document sections by `chunk_tokens`."""
+        await self._start()
+        return self._caps()
+
+    async def decision_rows(self) -> list[dict]:
+        """Every decision so far, as rows of the decisions table (DESIGN §4)."""
+        return list(self._rows)
+
+    async def stats(self) -> dict:
+        return {
+            **self._counts,
+            "waiting": self._waiting,
+            "in_flight": {r.name: len(r.held) for r in self.replicas.values()},
+            "down": [r.name for r in self.replicas.values() if not r.up],
+            "decisions": len(self._rows),
+            "metrics_port": self.metrics_port,
+        }
+
+    # -- control loop -----------------------------------------------------------------------
+
+    async def poll_now(self) -> dict[str, dict]:
+        """Force one control step now (the background loop takes one every `interval_s`) and
+        return the caps it set."""
+        if self._loop_task is None:
+            await self._start()  # which takes the first step
+        else:
+            await self._poll()
+        return self._caps()
+
+    async def _poll(self) -> None:
+        """One control step: observe, decide per replica, record, wake waiters."""
+        observations = await self._observe()
+        for r in self.replicas.values():
+            if r.up:
+                self._apply(r, self._enrich(r, observations.get(r.name)))
+        self._counts["polls"] += 1
+        async with self._cond:
+            self._cond.notify_all()
+
+    async def close(self) -> None:
+        """Stop polling and exporting; in-flight permits are simply forgotten."""
+        if self._loop_task is not None:
+            self._loop_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._loop_task
+        self.metrics.close()
+        close = getattr(self.sensor, "aclose", None)
+        if close is not None:
+            await close()
+
+    async def _start(self) -> None:
+        """First call: take one decision before anything is granted, then poll in the background."""
+        if self._loop_task is None:
+            self._loop_task = asyncio.get_running_loop().create_task(self._loop())
+            await self._poll()
+
+    async def _loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.interval_s)
+            try:
+                await self._poll()
+            except Exception:  # a bad poll must not end control; the next one may succeed
+                log.exception("gate poll failed")
+
+    async def _observe(self) -> dict[str, Observation]:
+        """Whatever the sensor saw; a failing or hanging sensor yields nothing, so every replica
+        is observed as stale and paused."""
+        try:
+            return await asyncio.wait_for(self.sensor.observe(), timeout=max(self.interval_s, 1.0))
+        except Exception as exc:
+            self._counts["sensor_errors"] += 1
+            log.warning("sensor failed (%s); pausing batch until it answers", exc)
+            return {}
+
+    def _enrich(self, r: _Replica, obs: Observation | None) -> Observation:
+        """Add what only the Gate knows: the batch it admitted. Engine sensors count all running
+        requests; the ones we admitted are batch, the rest chat, and all of them decode."""
+        if obs is None:
+            return Observation(t=time.time(), replica=r.name, fresh=False)
+        batch = tuple(BatchInFlight(h.prompt_tokens, h.prefilled_tokens) for h in r.held.values())
+        decoding_batch = [b for b in batch if b.prefill_remaining == 0]
+        chat = obs.chat_decoding or max(0, obs.running - len(decoding_batch))
+        context = obs.chat_decode_context_tokens
+        if not context and obs.kv_usage is not None and obs.kv_capacity_tokens:
+            batch_kv = sum(b.prompt_tokens for b in decoding_batch)
+            context = max(0, int(obs.kv_usage * obs.kv_capacity_tokens) - batch_kv)
+        return replace(
+            obs,
+            batch_in_flight=obs.batch_in_flight or batch,
+            chat_decoding=chat,
+            chat_decode_context_tokens=context,
+        )
+
+    def _apply(self, r: _Replica, obs: Observation) -> None:
+        decision = self.policy.decide(obs)
+        changed = r.decision is None or (
+            (r.decision.batch_seats, r.decision.chunk_tokens, r.decision.pause)
+            != (decision.batch_seats, decision.chunk_tokens, decision.pause)
+        )
+        r.decision, r.observation = decision, obs
+        r.committed_kv = kv_guard.committed_kv(
+            obs.kv_usage or 0.0, obs.kv_capacity_tokens, obs.batch_in_flight
+        )
+        r.granted_kv_tokens = 0
+        self._rows.append(_row(self.run_id, obs, decision))
+        self.metrics.record(obs, decision, len(r.held))
+        level = logging.INFO if changed else logging.DEBUG
+        log.log(level, "%s: %s in_flight=%d", r.name, decision, len(r.held))
+
+    # -- routing ----------------------------------------------------------------------------
+
+    def _route(self, kv_tokens: int) -> _Replica | None:
+        """The open replica with the most free seats, then the lowest KV usage."""
+        now = time.time()
+        open_ = [r for r in self.replicas.values() if self._can_take(r, kv_tokens, now)]
+        if not open_:
+            return None
+        return max(open_, key=lambda r: (r.free_seats(), -(r.observation.kv_usage or 0.0)))
+
+    def _can_take(self, r: _Replica, kv_tokens: int, now: float) -> bool:
+        d, obs = r.decision, r.observation
+        if not r.up or d is None or obs is None or d.pause or r.free_seats() <= 0:
+            return False
+        if not isinstance(self.policy, SLOController):
+            return True  # baselines are blind to KV and staleness by design
+        if self.policy.is_stale(r.name, now):
+            return False
+        cap = obs.kv_capacity_tokens
+        committed = r.committed_kv + (r.granted_kv_tokens / cap if cap else 0.0)
+        return kv_guard.request_fits(committed, cap, kv_tokens, self.policy.config.kv_high_water)
+
+    def _check_can_ever_fit(self, kv_tokens: int) -> None:
+        """Fail at once, not wait forever, for a request no replica could hold or none is up."""
+        up = [r for r in self.replicas.values() if r.up]
+        if not up:
+            raise RuntimeError("every replica is marked down; no batch seat can be granted")
+        if not isinstance(self.policy, SLOController):
+            return
+        high_water = self.policy.config.kv_high_water
+        caps = [r.observation.kv_capacity_tokens for r in up if r.observation]
+        if caps and all(c and kv_tokens > c * high_water for c in caps):
+            raise ValueError(
+                f"a request of {kv_tokens} KV tokens exceeds every replica's KV high-water mark "
+                f"({high_water} of {max(caps)} tokens); split the document into smaller sections"
+            )
+
+    def _grant(self, r: _Replica, doc_id: str, prompt_tokens: int, kv_tokens: int) -> Permit:
+        permit = Permit(
+            permit_id=f"{self.run_id}-{next(self._ids)}",
+            replica=r.name,
+            base_url=r.base_url,
+            chunk_tokens=r.decision.chunk_tokens,
+            priority=BATCH_PRIORITY,
+            granted_at=time.time(),
+        )
+        r.held[permit.permit_id] = _Held(permit, prompt_tokens)
+        r.granted_kv_tokens += kv_tokens
+        self._counts["granted"] += 1
+        log.debug("granted %s on %s for %s", permit.permit_id, r.name, doc_id)
+        return permit
+
+    def _feed(self, row: dict, gaps: list[dict] | None) -> None:
+        replica, cls = row.get("replica"), row.get("class", "batch")
+        if replica is None:
+            return
+        if gaps:
+            self.streamed.feed_gaps(replica, cls, ((g["t"], g["gap_s"]) for g in gaps))
+        if row.get("ttft_s") is not None and row.get("t_first_token") is not None:
+            self.streamed.feed_ttft(replica, cls, row["t_first_token"], row["ttft_s"])
+
+    def _caps(self) -> dict[str, dict]:
+        return {
+            r.name: {
+                "batch_seats": r.decision.batch_seats if r.decision else 0,
+                "chunk_tokens": r.decision.chunk_tokens if r.decision else 0,
+                "pause": True if not r.up or r.decision is None else r.decision.pause,
+                "reason": "down" if not r.up else (r.decision.reason if r.decision else "none"),
+                "in_flight": len(r.held),
+            }
+            for r in self.replicas.values()
+        }
+
+
+def _row(run_id: str, obs: Observation, d: Decision) -> dict:
+    return {
+        "run_id": run_id,
+        "t": obs.t,
+        "replica": obs.replica,
+        "batch_seats": d.batch_seats,
+        "chunk_tokens": d.chunk_tokens,
+        "pause": d.pause,
+        "observed_itl_p99_s": obs.chat_itl_p99_s,
+        "observed_ttft_p99_s": obs.chat_ttft_p99_s,
+        "observed_kv_usage": obs.kv_usage,
+        "predicted_step_ms": d.predicted_step_ms,
+        "reason": d.reason,
+    }
+
+
+Gate = ray.remote(GateActor)
+"""The Ray actor. Create it with `start_gate`, or `Gate.options(name=gate_name(run_id), ...)`."""
+
+
+def gate_name(run_id: str) -> str:
+    """The Gate's actor name: workers find it with `ray.get_actor(gate_name(run_id))`."""
+    return f"nightshift-gate-{run_id}"
+
+
+def start_gate(
+    run_id: str, replicas: Iterable[tuple[str, str]], lifetime: str | None = None, **kwargs
+):
+    """Create the run's Gate, or join it if it already exists. Arguments are checked here first,
+    so a typo fails in the caller with its message rather than later inside the actor."""
+    replicas = list(replicas)
+    policy = build_policy(
+        kwargs.get("policy", "slo"),
+        kwargs.get("slo") or SLO(),
+        kwargs.get("controller"),
+        kwargs.get("latency_model"),
+        kwargs.get("static_caps", (4, 2048)),
+    )
+    check_interval(policy, kwargs.get("interval_s", 5.0))
+    check_sensor_spec(kwargs.get("sensor") or {})
+    return Gate.options(name=gate_name(run_id), get_if_exists=True, lifetime=lifetime).remote(
+        run_id, replicas, **kwargs
+    )

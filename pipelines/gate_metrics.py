@@ -1,0 +1,80 @@
+"""Prometheus exporter for the Gate: what the controller decided and what it saw, per replica.
+
+A dedicated CollectorRegistry keeps these series apart from anything else in the process (Ray's own
+metrics, a second Gate in tests), and lets the exporter run without touching the global registry.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
+
+from scheduler.admission import Decision, Observation
+
+
+class GateMetrics:
+    """Gauges of the current caps and observations, and a counter of decisions by reason."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry or CollectorRegistry()
+        r = self.registry
+        self.batch_seats = Gauge(
+            "nightshift_batch_seats", "Batch sequences a replica may run.", ["replica"], registry=r
+        )
+        self.chunk_tokens = Gauge(
+            "nightshift_chunk_tokens",
+            "Largest batch chunk a replica may take.",
+            ["replica"],
+            registry=r,
+        )
+        self.paused = Gauge(
+            "nightshift_batch_paused", "1 while new batch work is paused.", ["replica"], registry=r
+        )
+        self.in_flight = Gauge(
+            "nightshift_batch_in_flight", "Batch permits held.", ["replica"], registry=r
+        )
+        self.chat_itl_p99 = Gauge(
+            "nightshift_chat_itl_p99_seconds",
+            "Observed window chat ITL p99.",
+            ["replica"],
+            registry=r,
+        )
+        self.chat_ttft_p99 = Gauge(
+            "nightshift_chat_ttft_p99_seconds",
+            "Observed window chat TTFT p99.",
+            ["replica"],
+            registry=r,
+        )
+        self.kv_usage = Gauge(
+            "nightshift_kv_usage", "Observed KV cache usage (0..1).", ["replica"], registry=r
+        )
+        self.decisions = Counter(
+            "nightshift_decisions", "Controller decisions by reason.", ["reason"], registry=r
+        )
+        self._server = None
+
+    def record(self, obs: Observation, decision: Decision, in_flight: int) -> None:
+        """Export one decision and the observation it was made on."""
+        name = obs.replica
+        self.batch_seats.labels(name).set(decision.batch_seats)
+        self.chunk_tokens.labels(name).set(decision.chunk_tokens)
+        self.paused.labels(name).set(1 if decision.pause else 0)
+        self.in_flight.labels(name).set(in_flight)
+        self.decisions.labels(decision.reason or "none").inc()
+        for gauge, value in (
+            (self.chat_itl_p99, obs.chat_itl_p99_s),
+            (self.chat_ttft_p99, obs.chat_ttft_p99_s),
+            (self.kv_usage, obs.kv_usage),
+        ):
+            # NaN, not a stale number, when the window measured nothing
+            gauge.labels(name).set(float("nan") if value is None else value)
+
+    def serve(self, port: int, addr: str = "0.0.0.0") -> int:
+        """Start the HTTP exporter; returns the bound port (pass 0 to let the OS pick one)."""
+        self._server, _ = start_http_server(port, addr=addr, registry=self.registry)
+        return self._server.server_port
+
+    def close(self) -> None:
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+            self._server = None

@@ -1,0 +1,244 @@
+"""SLOController: cold start, feedback (cut fast, grow slowly, hold), KV guard, fail-safe, feed-forward."""
+
+from __future__ import annotations
+
+import pytest
+from pydantic import ValidationError
+
+from scheduler.admission import BatchInFlight, Observation
+from scheduler.controller import ControllerConfig, SLOController
+from scheduler.latency_model import LatencyModel, largest_chunk_within, roofline_model
+from scheduler.slo import SLO
+
+SLO_50 = SLO(chat_itl_p99_ms=50, chat_ttft_p99_ms=1000)
+# A small linear model: 40 ms of budget fits a chunk of about 1.9k tokens at prefix 0.
+MODEL = LatencyModel(
+    s_per_token=2e-5,
+    s_weight_read=0.01,
+    s_per_attention_unit=2e-10,
+    s_per_context_token=2e-8,
+    overhead_s=0.001,
+)
+INTERVAL = 5.0
+
+
+def batch(n: int, prompt: int = 512, prefilled: int | None = None) -> tuple[BatchInFlight, ...]:
+    """n admitted batch requests; by default fully prefilled (decoding their summary)."""
+    return tuple(
+        BatchInFlight(prompt, prompt if prefilled is None else prefilled) for _ in range(n)
+    )
+
+
+def obs(t: float, in_flight: int = 0, replica: str = "r0", **kw) -> Observation:
+    return Observation(t=t, replica=replica, batch_in_flight=batch(in_flight), **kw)
+
+
+def drive(c: SLOController, start: float, steps: int, replica: str = "r0", **kw) -> list:
+    """Feed `steps` observations one interval apart with the pipeline filling every seat."""
+    decisions, seats = [], c.states[replica].seats if replica in c.states else 1
+    for i in range(steps):
+        d = c.decide(obs(start + i * INTERVAL, in_flight=seats, replica=replica, **kw))
+        decisions.append(d)
+        seats = d.batch_seats
+    return decisions
+
+
+def after(c: SLOController, k: int = 1, replica: str = "r0") -> float:
+    """The time `k` intervals after the last fresh observation of `replica`."""
+    return c.states[replica].last_fresh_t + k * INTERVAL
+
+
+def grown(steps: int = 20, **cfg) -> SLOController:
+    """A controller that has grown for a while under slack."""
+    c = SLOController(SLO_50, MODEL, ControllerConfig(**cfg))
+    drive(c, 0.0, steps, chat_itl_p99_s=0.010, chat_ttft_p99_s=0.2)
+    return c
+
+
+def test_cold_start_is_conservative():
+    cfg = ControllerConfig()
+    d = SLOController(SLO_50, MODEL, cfg).decide(obs(0.0, chat_itl_p99_s=0.01))
+    assert d.reason == "cold-start"
+    assert (d.batch_seats, d.chunk_tokens) == (cfg.cold_start_seats, cfg.cold_start_chunk_tokens)
+    assert not d.pause
+    assert d.predicted_step_ms is not None and d.predicted_step_ms <= 50 * cfg.headroom
+
+
+def test_a_violation_seen_at_cold_start_cuts_the_cold_start_caps():
+    cfg = ControllerConfig(cold_start_seats=4)
+    d = SLOController(SLO_50, MODEL, cfg).decide(obs(0.0, in_flight=0, chat_itl_p99_s=0.09))
+    assert d.reason == "itl-violation"
+    assert d.batch_seats < 4 and d.chunk_tokens < cfg.cold_start_chunk_tokens
+
+
+def test_slack_grows_seats_and_chunk_slowly():
+    c = SLOController(SLO_50, MODEL)
+    ds = drive(c, 0.0, 12, chat_itl_p99_s=0.010, chat_ttft_p99_s=0.2)
+    seats = [d.batch_seats for d in ds]
+    chunks = [d.chunk_tokens for d in ds]
+    assert seats[-1] > seats[0] and chunks[-1] > chunks[0]
+    assert all(b - a <= 1 for a, b in zip(seats, seats[1:], strict=False))  # additive, one seat
+    assert "grow" in {d.reason for d in ds} and "hold" in {d.reason for d in ds}  # not every window
+
+
+def test_itl_violation_cuts_seats_and_chunk_within_one_interval():
+    c = grown()
+    before = c.states["r0"].seats, c.states["r0"].last_chunk
+    d = c.decide(obs(after(c), in_flight=before[0], chat_itl_p99_s=0.080))
+    assert d.reason == "itl-violation"
+    assert d.batch_seats < before[0] and d.chunk_tokens < before[1]
+
+
+def test_ttft_violation_cuts_seats_only():
+    c = grown()
+    before = c.states["r0"].seats, c.states["r0"].last_chunk
+    d = c.decide(obs(after(c), in_flight=before[0], chat_itl_p99_s=0.02, chat_ttft_p99_s=3.0))
+    assert d.reason == "ttft-violation"
+    assert d.batch_seats < before[0] and d.chunk_tokens == before[1]
+
+
+def test_no_growth_during_cooldown_after_a_cut():
+    c = grown(cooldown_s=30.0)
+    cut = c.decide(obs(after(c), in_flight=10, chat_itl_p99_s=0.080))
+    during = [
+        c.decide(obs(after(c), in_flight=cut.batch_seats, chat_itl_p99_s=0.01)) for _ in range(5)
+    ]
+    assert all(d.batch_seats == cut.batch_seats for d in during)
+    later = drive(c, after(c), 4, chat_itl_p99_s=0.01)
+    assert later[-1].batch_seats > cut.batch_seats
+
+
+def test_hold_band_keeps_caps():
+    c = grown()
+    seats, chunk = c.states["r0"].seats, c.states["r0"].last_chunk
+    ds = drive(c, after(c), 10, chat_itl_p99_s=0.042)  # between 0.7 × SLO and the SLO
+    assert {d.reason for d in ds} == {"hold"}
+    assert {(d.batch_seats, d.chunk_tokens) for d in ds} == {(seats, chunk)}
+
+
+def test_unused_seats_do_not_grow():
+    c = SLOController(SLO_50, MODEL)
+    for k in range(20):
+        d = c.decide(obs(k * INTERVAL, in_flight=0, chat_itl_p99_s=0.01))
+    assert d.batch_seats == ControllerConfig().cold_start_seats
+
+
+def test_missing_itl_falls_back_to_step_samples():
+    c = grown()
+    seats = c.states["r0"].seats
+    slow_steps = tuple([0.020] * 90 + [0.090] * 10)
+    d = c.decide(obs(after(c), in_flight=seats, step_samples_s=slow_steps))
+    assert d.reason == "itl-violation" and d.batch_seats < seats
+
+
+def test_kv_above_high_water_pauses():
+    c = grown()
+    d = c.decide(obs(after(c), in_flight=3, chat_itl_p99_s=0.01, kv_usage=0.9))
+    assert d.pause and d.reason == "kv-guard"
+
+
+def test_kv_guard_counts_prompts_not_yet_prefilled():
+    c = grown()
+    seats = c.states["r0"].seats
+    assert seats >= 4
+    admitted = tuple(BatchInFlight(20_000, 0) for _ in range(3))  # 60k tokens still to prefill
+    o = Observation(
+        t=after(c),
+        replica="r0",
+        chat_itl_p99_s=0.01,
+        kv_usage=0.5,
+        kv_capacity_tokens=100_000,
+        batch_in_flight=admitted,
+    )
+    d = c.decide(o)  # 0.5 + 0.6 committed is far over 0.85: nothing more may start
+    assert d.pause and d.reason == "kv-guard" and d.batch_seats <= 3
+
+
+def test_kv_guard_limits_seats_to_what_fits():
+    c = grown()
+    assert c.states["r0"].seats >= 4
+    o = Observation(
+        t=after(c),
+        replica="r0",
+        chat_itl_p99_s=0.01,
+        kv_usage=0.70,
+        kv_capacity_tokens=100_000,
+        batch_in_flight=batch(2, prompt=4000),
+    )
+    d = c.decide(o)  # room 15k tokens, 4.5k per seat (4000 prompt + 512 output): 3 more seats
+    assert d.reason == "kv-guard" and d.batch_seats == 2 + 3 and not d.pause
+
+
+def test_preemption_pauses_and_cuts_seats():
+    c = grown()
+    seats = c.states["r0"].seats
+    d = c.decide(obs(after(c), in_flight=seats, chat_itl_p99_s=0.01, kv_usage=0.5, preemptions=2))
+    assert d.pause and d.reason == "preemption" and d.batch_seats < seats
+
+
+def test_unreadable_replica_pauses_batch():
+    c = grown()
+    d = c.decide(Observation(t=after(c), replica="r0", fresh=False))
+    assert d.pause and d.reason == "stale-pause"
+    first = SLOController(SLO_50, MODEL).decide(Observation(t=0.0, replica="new", fresh=False))
+    assert first.pause and first.reason == "stale-pause"
+
+
+def test_long_silence_restarts_from_cold_start_caps():
+    c = grown(stale_after_s=15.0)
+    assert c.is_stale("r0", c.states["r0"].last_fresh_t + 16.0)
+    assert not c.is_stale("r0", c.states["r0"].last_fresh_t + 5.0)
+    d = c.decide(obs(c.states["r0"].last_fresh_t + 60.0, in_flight=5, chat_itl_p99_s=0.01))
+    assert d.reason == "cold-start" and d.batch_seats == c.config.cold_start_seats
+
+
+def test_replicas_are_independent():
+    c = grown()
+    drive(c, 0.0, 20, replica="r1", chat_itl_p99_s=0.01)
+    seats_r1 = c.states["r1"].seats
+    c.decide(obs(after(c), in_flight=5, chat_itl_p99_s=0.2))  # r0 violates
+    assert c.states["r1"].seats == seats_r1
+
+
+def test_chunk_late_in_a_long_document_is_smaller_than_at_its_start():
+    model = roofline_model("llama-3.1-70b", "h100-sxm", 2, "fp8", "fp8", efficiency=0.6)
+    cfg = ControllerConfig(
+        min_chunk_tokens=16, max_chunk_tokens=16384, cold_start_chunk_tokens=16384
+    )
+    chunks = {}
+    for p in (0, 40_000, 78_000):
+        o = Observation(
+            t=0.0,
+            replica=f"at-{p}",
+            chat_decoding=40,
+            chat_decode_context_tokens=40 * 3000,
+            batch_in_flight=(BatchInFlight(80_000, p),),
+        )
+        d = SLOController(SLO_50, model, cfg).decide(o)
+        assert not d.pause and d.predicted_step_ms <= 50 * cfg.headroom
+        chunks[p] = d.chunk_tokens
+    assert chunks[78_000] < chunks[40_000] < chunks[0]
+    assert chunks[0] >= 2 * chunks[78_000]
+
+
+def test_chunk_is_the_largest_that_fits_the_budget():
+    cfg = ControllerConfig(max_chunk_tokens=8192, cold_start_chunk_tokens=8192)
+    o = Observation(t=0.0, replica="r0", chat_decoding=30, chat_decode_context_tokens=90_000)
+    d = SLOController(SLO_50, MODEL, cfg).decide(o)
+    assert d.chunk_tokens == largest_chunk_within(MODEL, 0.040, 0, 30, 90_000, 8192, 16)
+    assert d.chunk_tokens % cfg.chunk_granularity == 0
+
+
+def test_chat_load_alone_over_budget_pauses_batch():
+    o = Observation(t=0.0, replica="r0", chat_decoding=200, chat_decode_context_tokens=2_000_000)
+    d = SLOController(SLO_50, MODEL).decide(o)  # 40 ms of decode attention alone
+    assert d.pause and d.reason == "over-budget"
+
+
+def test_config_errors_name_the_fields():
+    with pytest.raises(ValidationError, match="cold_start_seats"):
+        ControllerConfig(min_seats=4, cold_start_seats=2)
+    with pytest.raises(ValidationError, match="max_chunk_tokens"):
+        ControllerConfig(max_chunk_tokens=128, cold_start_chunk_tokens=512)
+    with pytest.raises(ValidationError, match="headroom"):
+        ControllerConfig(headroom=1.5)
