@@ -1,0 +1,237 @@
+"""vLLM-like continuous batching for one replica, readable top to bottom (after vLLM V1's scheduler).
+
+Every step spends a token budget: running requests first (one token each when decoding, a chunk when
+prefilling), then waiting requests in priority order while the budget, `max_num_seqs` and KV memory
+allow. When KV runs out for a running request, the lowest-priority, latest-arrived running request is
+preempted: its blocks are freed and it goes back to the waiting queue to recompute from scratch
+(prefix cache hits included). No new request is admitted in a step that preempted.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from collections import deque
+from dataclasses import dataclass, field
+
+from scheduler.step import PrefillChunk, StepBatch
+from simulator.config import EngineParams
+from simulator.entities import Request
+from simulator.kv_cache import KVCache
+
+
+@dataclass(slots=True)
+class ScheduledStep:
+    """What one step carries: decoding requests (one token each), prefill `(request, tokens)`
+    chunks, and the batch the latency model prices."""
+
+    decodes: list[Request] = field(default_factory=list)
+    prefills: list[tuple[Request, int]] = field(default_factory=list)
+    batch: StepBatch | None = None
+
+    def unschedule(self, req: Request) -> int:
+        """Drop `req` from the step (it was preempted); returns the tokens given back."""
+        if req in self.decodes:
+            self.decodes.remove(req)
+            return 1
+        for j, (r, n) in enumerate(self.prefills):
+            if r is req:
+                del self.prefills[j]
+                return n
+        return 0
+
+
+@dataclass(slots=True)
+class StepOutcome:
+    """What one finished step produced, for records and sensors."""
+
+    finished: list[Request] = field(default_factory=list)
+    first_tokens: list[Request] = field(default_factory=list)
+    chat_gaps: list[float] = field(default_factory=list)
+
+
+class EngineScheduler:
+    """Waiting queue, running list and KV pool of one replica."""
+
+    def __init__(self, params: EngineParams, kv: KVCache) -> None:
+        self.kv = kv
+        self.chunked = params.enable_chunked_prefill
+        # vLLM refuses chunked prefill off with a budget below max_model_len; like its default, the
+        # budget then grows to fit any whole prompt.
+        self.budget = (
+            params.max_num_batched_tokens
+            if self.chunked
+            else max(params.max_num_batched_tokens, params.max_model_len)
+        )
+        self.threshold = params.long_prefill_token_threshold if self.chunked else 0
+        self.max_seqs = params.max_num_seqs
+        self.by_priority = params.scheduling_policy == "priority"
+        self.running: list[Request] = []
+        self._heap: list[tuple[int, float, int, Request]] = []
+        self._fifo: deque[Request] = deque()
+        self._order = itertools.count()
+        self.preemptions = 0
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self._heap) + len(self._fifo)
+
+    def add(self, req: Request, front: bool = False) -> None:
+        """Queue `req`; `front` puts a preempted request ahead of equals in first-come order."""
+        if self.by_priority:
+            heapq.heappush(self._heap, (req.priority, req.arrival, next(self._order), req))
+        elif front:
+            self._fifo.appendleft(req)
+        else:
+            self._fifo.append(req)
+
+    def waiting(self) -> list[Request]:
+        return [e[3] for e in self._heap] + list(self._fifo)
+
+    def schedule(self) -> ScheduledStep | None:
+        """Choose this step's work, or None when there is nothing the replica can do now."""
+        step = ScheduledStep()
+        budget = self._schedule_running(step, self.budget)
+        if budget is not None:
+            self._schedule_waiting(step, budget)
+        if not step.decodes and not step.prefills:
+            return None
+        step.batch = StepBatch(
+            tuple(PrefillChunk(n, r.num_computed) for r, n in step.prefills),
+            len(step.decodes),
+            sum(r.prompt_tokens + r.output_tokens for r in step.decodes),
+        )
+        return step
+
+    def _chunk(self, req: Request, remaining: int, budget: int) -> int:
+        n = remaining
+        if self.chunked and n > 1:
+            if 0 < self.threshold < n:
+                n = self.threshold
+            if 0 < req.chunk_cap < n:
+                n = req.chunk_cap
+        return min(n, budget)
+
+    def _schedule_running(self, step: ScheduledStep, budget: int) -> int | None:
+        """Schedule running requests; returns the budget left, or None when the step preempted."""
+        kv, running, preempted = self.kv, self.running, False
+        block = kv.block_size
+        i = 0
+        while i < len(running) and budget > 0:
+            req = running[i]
+            remaining = req.prompt_tokens + req.output_tokens - req.num_computed
+            # The common case, kept cheap: a decode whose token fits the blocks it already holds.
+            if remaining == 1 and req.output_tokens and req.num_computed < req.held_blocks * block:
+                step.decodes.append(req)
+                budget -= 1
+                i += 1
+                continue
+            n = self._chunk(req, remaining, budget)
+            while not kv.can_allocate(req, n):
+                victim = self._victim()
+                running.remove(victim)
+                given_back = step.unschedule(victim)
+                if given_back:
+                    budget += given_back
+                    i -= 1
+                self._preempt(victim)
+                preempted = True
+                if victim is req:
+                    return None
+            kv.allocate(req, n)
+            self._place(step, req, n)
+            budget -= n
+            i += 1
+        return None if preempted else budget
+
+    def _schedule_waiting(self, step: ScheduledStep, budget: int) -> None:
+        kv, running = self.kv, self.running
+        while budget > 0 and len(running) < self.max_seqs and (self._heap or self._fifo):
+            req = self._heap[0][3] if self.by_priority else self._fifo[0]
+            hits = kv.lookup(req) if req.num_computed == 0 else []
+            remaining = req.num_tokens - req.num_computed - len(hits) * kv.block_size
+            if not self.chunked and remaining > budget:
+                break
+            n = self._chunk(req, remaining, budget)
+            if not kv.can_allocate(req, n, hits):
+                break
+            if self.by_priority:
+                heapq.heappop(self._heap)
+            else:
+                self._fifo.popleft()
+            kv.allocate(req, n, hits)
+            if req.cached_tokens is None:  # the first admission's hits, not a recompute's
+                req.cached_tokens = len(hits) * kv.block_size
+            running.append(req)
+            self._place(step, req, n)
+            budget -= n
+
+    @staticmethod
+    def _place(step: ScheduledStep, req: Request, n: int) -> None:
+        # One token that completes an already-sampled sequence is a decode, whatever led here.
+        if n == 1 and req.output_tokens and req.num_computed + 1 == req.num_tokens:
+            step.decodes.append(req)
+        else:
+            step.prefills.append((req, n))
+
+    def abort(self, reqs: list[Request], step: ScheduledStep | None) -> None:
+        """Take `reqs` out of the engine (and out of the step in flight), freeing their KV."""
+        gone = {id(r) for r in reqs}
+        for req in reqs:
+            if step is not None:
+                step.unschedule(req)
+            self.kv.free(req)
+        self.running = [r for r in self.running if id(r) not in gone]
+        self._heap = [e for e in self._heap if id(e[3]) not in gone]
+        heapq.heapify(self._heap)
+        self._fifo = deque(r for r in self._fifo if id(r) not in gone)
+
+    def _victim(self) -> Request:
+        if self.by_priority:
+            return max(self.running, key=lambda r: (r.priority, r.arrival))
+        return self.running[-1]
+
+    def _preempt(self, req: Request) -> None:
+        self.kv.free(req)
+        req.num_computed = 0
+        self.preemptions += 1
+        self.add(req, front=True)
+
+    def complete(self, step: ScheduledStep, now: float) -> StepOutcome:
+        """Apply a step that ended at `now`: advance KV, sample tokens, retire finished requests."""
+        out = StepOutcome()
+        kv, b = self.kv, self.kv.block_size
+        caching = kv.prefix_caching
+        gaps, finished = out.chat_gaps, out.finished
+        for req in step.decodes:
+            computed = req.num_computed + 1
+            req.num_computed = computed
+            if caching and computed % b == 0:
+                kv.register_full_blocks(req, computed - 1)
+            times = req.token_times
+            if req.cls == "chat":
+                gaps.append(now - times[-1])
+            times.append(now)
+            req.output_tokens += 1
+            if req.output_tokens >= req.max_output:
+                finished.append(req)
+        for req, n in step.prefills:
+            before = req.num_computed
+            req.num_computed = before + n
+            if caching and before // b != req.num_computed // b:
+                kv.register_full_blocks(req, before)
+            if req.num_computed < req.num_tokens:
+                continue
+            if not req.token_times:
+                out.first_tokens.append(req)
+            elif req.cls == "chat":
+                gaps.append(now - req.token_times[-1])
+            req.token_times.append(now)
+            req.output_tokens += 1
+            if req.output_tokens >= req.max_output:
+                finished.append(req)
+        if finished:
+            for req in finished:
+                kv.free(req)
+            self.running = [r for r in self.running if r.output_tokens < r.max_output]
+        return out

@@ -1,0 +1,69 @@
+"""What the controller sees of a simulated replica: window statistics, as a live sensor reports them.
+
+Samples are kept per control interval; an observation merges the last few intervals (the sensor
+window). ITL p99 is token-weighted (one sample per streamed chat token), TTFT p99 request-weighted.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from scheduler.admission import BatchInFlight, Observation
+from simulator.entities import Request
+
+
+@dataclass(slots=True)
+class Interval:
+    """Samples of one control interval."""
+
+    chat_gaps: list[float] = field(default_factory=list)
+    chat_ttfts: list[float] = field(default_factory=list)
+    steps: list[float] = field(default_factory=list)
+    preemptions: int = 0
+
+
+class ReplicaSensor:
+    """Collects samples as steps finish and turns them into an `Observation` on demand."""
+
+    def __init__(self, intervals_per_window: int) -> None:
+        self.window: deque[Interval] = deque(maxlen=max(1, intervals_per_window))
+        self.current = Interval()
+
+    def observe(
+        self,
+        t: float,
+        replica: str,
+        kv_usage: float,
+        running: list[Request],
+        waiting: list[Request],
+    ) -> Observation:
+        """The observation at `t`; starts a fresh interval afterwards."""
+        self.window.append(self.current)
+        self.current = Interval()
+        gaps = [g for iv in self.window for g in iv.chat_gaps]
+        ttfts = [x for iv in self.window for x in iv.chat_ttfts]
+        chat_decoding = [r for r in running if r.cls == "chat" and r.output_tokens > 0]
+        batch = [r for r in running + waiting if r.cls == "batch"]
+        return Observation(
+            t=t,
+            replica=replica,
+            chat_itl_p99_s=_p99(gaps),
+            chat_ttft_p99_s=_p99(ttfts),
+            kv_usage=kv_usage,
+            preemptions=self.window[-1].preemptions,
+            running=len(running),
+            waiting=len(waiting),
+            chat_decoding=len(chat_decoding),
+            chat_decode_context_tokens=sum(r.num_tokens for r in chat_decoding),
+            batch_in_flight=tuple(
+                BatchInFlight(r.prompt_tokens, min(r.num_computed, r.prompt_tokens)) for r in batch
+            ),
+            step_samples_s=tuple(s for iv in self.window for s in iv.steps),
+        )
+
+
+def _p99(values: list[float]) -> float | None:
+    return float(np.percentile(values, 99)) if values else None

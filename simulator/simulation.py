@@ -1,0 +1,159 @@
+"""The state of one simulated run and the few actions events share: submit, admit, control, finish.
+
+Chat sessions stick to one replica (their history is cached there), new sessions and trace requests
+go to the least-loaded replica. Batch work enters only through the dispatcher, under the caps the
+admission policy last decided for each replica; until a first decision exists, batch waits. At the
+end of the run, batch in flight is cancelled and chat in flight drains, as a load generator waits
+for the answers it is owed: no chat request is cut off just because the clock ran out.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Callable
+
+from scheduler.admission import AdmissionPolicy
+from scheduler.step import StepTimeModel
+from simulator.config import SimConfig
+from simulator.dispatcher import BatchDispatcher
+from simulator.entities import Request
+from simulator.events import (
+    BacklogArrival,
+    ControlTick,
+    Event,
+    SessionStart,
+    StepEnd,
+    TraceArrival,
+    TurnSubmit,
+)
+from simulator.recorder import Recorder
+from simulator.replica import Replica
+from simulator.workloads import ChatSession, ChatSessions, TraceRow, load_trace
+
+PolicyFactory = Callable[[str], AdmissionPolicy]
+"""Builds the admission policy of one replica, given the replica's name."""
+
+
+class Simulation:
+    """Replicas, workloads, dispatcher, policies and records of one run, at virtual time `now`."""
+
+    def __init__(
+        self,
+        cfg: SimConfig,
+        model: StepTimeModel,
+        policy_factory: PolicyFactory,
+        trace: list[TraceRow] | None = None,
+    ) -> None:
+        self.cfg = cfg
+        self.now = 0.0
+        window = cfg.control.observe_window_s or cfg.control.interval_s
+        per_window = math.ceil(window / cfg.control.interval_s - 1e-9)
+        self.replicas = [
+            Replica(f"{cfg.name}-{i}", cfg.engine, model, per_window) for i in range(cfg.replicas)
+        ]
+        self.by_name = {r.name: r for r in self.replicas}
+        self.policies = {r.name: policy_factory(r.name) for r in self.replicas}
+        self.sessions = ChatSessions(cfg.chat, random.Random(cfg.seed))
+        if trace is None and cfg.chat.trace:
+            trace = load_trace(cfg.chat.trace, cfg.chat.trace_time_scale)
+        self.trace = trace or []
+        self.dispatcher = BatchDispatcher(cfg.batch, list(self.by_name))
+        self.recorder = Recorder(cfg.run_id)
+        self.session_of: dict[str, ChatSession] = {}
+        self.accepting = True
+        self.chat_in_flight = 0
+
+    def initial_events(self) -> list[Event]:
+        # The first decision comes before anything else at t=0, so batch never runs uncapped.
+        events: list[Event] = [ControlTick(0.0)]
+        if self.cfg.batch.docs:
+            events.append(BacklogArrival(self.cfg.batch.start_s))
+        if self.cfg.chat.rate > 0:
+            events.append(SessionStart(self.sessions.session_gap_s()))
+        if self.trace:
+            events.append(TraceArrival(self.trace[0].t, 0))
+        return events
+
+    def least_loaded(self) -> int:
+        """Index of the replica with the fewest requests in its engine."""
+        loads = [len(r.engine.running) + r.engine.num_waiting for r in self.replicas]
+        return loads.index(min(loads))
+
+    def submit(self, req: Request, replica: Replica) -> list[Event]:
+        """Hand `req` to `replica`'s engine, waking the replica if it was idle."""
+        reason = replica.reject_reason(req)
+        if reason is not None:
+            req.replica = replica.name
+            self.recorder.finish(req, self.now, status="error", error=reason)
+            return self._after(req, ok=False)
+        replica.submit(req)
+        if req.cls == "chat":
+            self.chat_in_flight += 1
+        return [] if replica.busy else self._start(replica)
+
+    def _start(self, replica: Replica) -> list[Event]:
+        end = replica.start_step(self.now)
+        return [] if end is None else [StepEnd(end, replica)]
+
+    def end_step(self, replica: Replica) -> list[Event]:
+        """Apply `replica`'s finished step, then start its next one (with any newly admitted work)."""
+        outcome = replica.end_step(self.now)
+        follow: list[Event] = []
+        for req in outcome.finished:
+            self.recorder.finish(req, self.now)
+            if req.cls == "chat":
+                self.chat_in_flight -= 1
+            follow.extend(self._after(req, ok=True))
+        follow.extend(self._start(replica))
+        return follow
+
+    def _after(self, req: Request, ok: bool) -> list[Event]:
+        if req.cls == "batch":
+            self.dispatcher.finished(req, self.now, ok)
+            return self.admit_batch(self.by_name[req.replica])
+        session = self.session_of.pop(req.request_id, None)
+        if session is None or not ok or session.turns_left <= 0:
+            return []
+        self.sessions.record_answer(session, req)
+        return [TurnSubmit(self.now + self.sessions.think_time_s(), session)]
+
+    def admit_batch(self, replica: Replica) -> list[Event]:
+        """Submit whatever batch work `replica`'s current caps allow."""
+        follow: list[Event] = []
+        if not self.accepting:
+            return follow
+        for req in self.dispatcher.admit(replica.name, self.now):
+            follow.extend(self.submit(req, replica))
+        return follow
+
+    def control(self) -> list[Event]:
+        """Observe every replica, ask its policy, apply the decision and admit under it."""
+        follow: list[Event] = []
+        for replica in self.replicas:
+            engine = replica.engine
+            obs = replica.sensor.observe(
+                self.now, replica.name, replica.kv.usage, engine.running, engine.waiting()
+            )
+            decision = self.policies[replica.name].decide(obs)
+            self.recorder.decision(obs, decision)
+            self.dispatcher.set_decision(replica.name, decision)
+            follow.extend(self.admit_batch(replica))
+        return follow
+
+    def end_intake(self) -> None:
+        """The run's duration is over: no more arrivals or decisions, and batch work in flight is
+        cancelled (the nightly job stops at its deadline) while chat in flight may finish."""
+        self.accepting = False
+        for replica in self.replicas:
+            engine = replica.engine
+            batch = [r for r in engine.running + engine.waiting() if r.cls == "batch"]
+            engine.abort(batch, replica.step)
+            for req in batch:
+                self.recorder.finish(req, self.now, status="cancelled")
+
+    def close(self) -> None:
+        """Record every request still in an engine as cancelled at the end of the run."""
+        for replica in self.replicas:
+            for req in replica.engine.running + replica.engine.waiting():
+                self.recorder.finish(req, self.now, status="cancelled")

@@ -1,0 +1,174 @@
+"""Chat traffic shaped like production: RAG sessions with Poisson arrivals, or a replayed trace.
+
+A session is one user: a shared system prompt, the user's retrieved context, then turns whose
+history grows by the user's message and the model's answer. The next turn starts a think time after
+the previous answer ends, so a slow replica also slows the arrival of follow-up turns, as it does
+for real users. Trace replay follows the public Azure LLM inference trace format.
+"""
+
+from __future__ import annotations
+
+import csv
+import random
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+
+from simulator.config import ChatWorkload
+from simulator.entities import CHAT_PRIORITY, Request, Segment
+
+SYSTEM_PROMPT = ("system",)
+TRACE_HEADER = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
+
+
+class TraceError(ValueError):
+    """A trace file that cannot be replayed; the message names the file and line."""
+
+
+@dataclass(slots=True)
+class ChatSession:
+    """One user's conversation: what every next turn's prompt starts with."""
+
+    sid: int
+    turns_left: int
+    replica: int = -1
+    turn: int = 0
+    history: list[Segment] = field(default_factory=list)
+
+
+@dataclass(frozen=True, slots=True)
+class TraceRow:
+    """One replayed request: arrival (seconds from the first row), prompt and output lengths."""
+
+    t: float
+    context_tokens: int
+    generated_tokens: int
+
+
+class ChatSessions:
+    """Draws sessions and their turns; all randomness comes from the `rng` it is given."""
+
+    def __init__(self, cfg: ChatWorkload, rng: random.Random) -> None:
+        self.cfg = cfg
+        self.rng = rng
+        self._next_sid = 0
+
+    def session_gap_s(self) -> float:
+        """Time to the next session start: turns arrive at `rate`, sessions `turns_mean` times slower."""
+        return self.rng.expovariate(self.cfg.rate / self.cfg.turns_mean)
+
+    def think_time_s(self) -> float:
+        return self.rng.expovariate(1.0 / self.cfg.think_time_s) if self.cfg.think_time_s else 0.0
+
+    def new_session(self) -> ChatSession:
+        # Geometric turn count with the configured mean: each turn is the last with prob 1/mean.
+        turns, p_last = 1, 1.0 / self.cfg.turns_mean
+        while self.rng.random() >= p_last:
+            turns += 1
+        self._next_sid += 1
+        return ChatSession(self._next_sid, turns)
+
+    def next_turn(self, s: ChatSession, now: float) -> Request:
+        """The request of the session's next turn, submitted at `now`."""
+        cfg, turn = self.cfg, s.turn + 1
+        s.turn, s.turns_left = turn, s.turns_left - 1
+        ctx_key = ("context", s.sid, turn if cfg.retrieval_per_turn else 0)
+        user = Segment(("user", s.sid, turn), self._around(cfg.user_tokens))
+        segments = [
+            Segment(SYSTEM_PROMPT, cfg.system_prompt_tokens),
+            Segment(ctx_key, cfg.context_tokens),
+        ]
+        segments = [seg for seg in segments if seg.length] + s.history + [user]
+        s.history.append(user)
+        return Request(
+            request_id=f"chat-{s.sid}-{turn}",
+            cls="chat",
+            stage="chat",
+            priority=CHAT_PRIORITY,
+            arrival=now,
+            segments=tuple(segments),
+            max_output=self._around(cfg.output_tokens),
+            output_key=("answer", s.sid, turn),
+        )
+
+    def record_answer(self, s: ChatSession, req: Request) -> None:
+        """Append the answer to the history the next turn resends."""
+        s.history.append(Segment(req.output_key, req.output_tokens))
+
+    def _around(self, mean: int) -> int:
+        """A length uniform in [mean/2, 3·mean/2]: varied, with the configured mean."""
+        return max(1, self.rng.randint(max(1, mean // 2), mean + mean // 2))
+
+
+def trace_request(row: TraceRow, index: int, cfg: ChatWorkload, now: float) -> Request:
+    """The request one trace row stands for; only the shared prefix is common content."""
+    shared = min(cfg.trace_shared_prefix_tokens, row.context_tokens)
+    segments = (
+        Segment(SYSTEM_PROMPT, shared),
+        Segment(("trace", index), row.context_tokens - shared),
+    )
+    return Request(
+        request_id=f"trace-{index}",
+        cls="chat",
+        stage="chat",
+        priority=CHAT_PRIORITY,
+        arrival=now,
+        segments=tuple(seg for seg in segments if seg.length),
+        max_output=max(1, row.generated_tokens),
+        output_key=("trace-answer", index),
+    )
+
+
+def load_trace(path: str | Path, time_scale: float = 1.0) -> list[TraceRow]:
+    """Rows of a `TIMESTAMP,ContextTokens,GeneratedTokens` CSV, times relative to the earliest row.
+
+    TIMESTAMP is a datetime (`2023-11-16 18:15:46.6805900`, as in the Azure trace) or plain seconds.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise TraceError(f"{path}: no such trace file")
+    with path.open(newline="") as fh:
+        reader = csv.reader(fh)
+        header = next(reader, None)
+        if header is None or tuple(h.strip() for h in header) != TRACE_HEADER:
+            raise TraceError(
+                f"{path}:1: expected the header {','.join(TRACE_HEADER)}, got {header}"
+            )
+        rows = [_parse_row(path, reader.line_num, cells) for cells in reader if cells]
+    if not rows:
+        raise TraceError(f"{path}: the trace has a header but no rows")
+    rows.sort(key=lambda r: r[0])
+    t0 = rows[0][0]
+    return [TraceRow((t - t0) * time_scale, ctx, gen) for t, ctx, gen in rows]
+
+
+def _parse_row(path: Path, line: int, cells: list[str]) -> tuple[float, int, int]:
+    if len(cells) != 3:
+        raise TraceError(f"{path}:{line}: expected 3 columns, got {len(cells)}: {cells}")
+    try:
+        t = parse_timestamp(cells[0])
+        ctx, gen = int(cells[1]), int(cells[2])
+    except ValueError as exc:
+        raise TraceError(f"{path}:{line}: {exc}") from None
+    if ctx < 1 or gen < 0:
+        raise TraceError(f"{path}:{line}: ContextTokens must be >= 1 and GeneratedTokens >= 0")
+    return t, ctx, gen
+
+
+def parse_timestamp(text: str) -> float:
+    """Seconds from a plain number or a `YYYY-MM-DD HH:MM:SS[.fraction]` datetime (any digits)."""
+    text = text.strip()
+    try:
+        return float(text)
+    except ValueError:
+        pass
+    whole, _, frac = text.replace("T", " ").partition(".")
+    try:
+        stamp = datetime.strptime(whole, "%Y-%m-%d %H:%M:%S")
+    except ValueError:
+        raise ValueError(
+            f"TIMESTAMP {text!r} is neither seconds nor 'YYYY-MM-DD HH:MM:SS.f'"
+        ) from None
+    if frac and not frac.isdigit():
+        raise ValueError(f"TIMESTAMP {text!r} has a malformed fraction of a second")
+    return (stamp - datetime(1970, 1, 1)).total_seconds() + (float("0." + frac) if frac else 0.0)

@@ -1,0 +1,155 @@
+"""Chat sessions, trace replay and the batch dispatcher (simulator/workloads.py, dispatcher.py)."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from scheduler.admission import Decision
+from simulator.config import BatchWorkload, ChatWorkload
+from simulator.dispatcher import BatchDispatcher
+from simulator.workloads import ChatSessions, TraceError, load_trace, parse_timestamp
+
+
+def test_azure_timestamps_with_seven_fraction_digits_and_plain_seconds_parse():
+    a = parse_timestamp("2023-11-16 18:15:46.6805900")
+    b = parse_timestamp("2023-11-16 18:15:47.1")
+    assert b - a == pytest.approx(0.41941, abs=1e-6)
+    assert parse_timestamp(" 12.5 ") == 12.5
+
+
+def test_trace_rows_are_relative_to_the_first_arrival_and_scaled(tmp_path):
+    path = tmp_path / "trace.csv"
+    path.write_text(
+        "TIMESTAMP,ContextTokens,GeneratedTokens\n"
+        "2023-11-16 18:15:50.0000000,100,10\n"
+        "2023-11-16 18:15:46.0000000,2000,0\n"
+    )
+    rows = load_trace(path, time_scale=0.5)
+    assert [(r.t, r.context_tokens, r.generated_tokens) for r in rows] == [
+        (0.0, 2000, 0),
+        (2.0, 100, 10),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("body", "line", "words"),
+    [
+        ("1.0,100,10\n2.0,abc,10\n", 3, "invalid literal"),
+        ("1.0,100\n", 2, "expected 3 columns"),
+        ("yesterday,100,10\n", 2, "TIMESTAMP"),
+        ("1.0,0,10\n", 2, "ContextTokens"),
+    ],
+)
+def test_a_malformed_trace_row_names_its_line(tmp_path, body, line, words):
+    path = tmp_path / "t.csv"
+    path.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n" + body)
+    with pytest.raises(TraceError, match=rf"t\.csv:{line}: .*{words}"):
+        load_trace(path)
+
+
+def test_a_trace_without_the_header_is_refused(tmp_path):
+    path = tmp_path / "t.csv"
+    path.write_text("1.0,100,10\n")
+    with pytest.raises(TraceError, match="expected the header"):
+        load_trace(path)
+
+
+def test_turns_resend_system_prompt_context_and_the_whole_history():
+    cfg = ChatWorkload(rate=1.0, system_prompt_tokens=600, context_tokens=400)
+    sessions = ChatSessions(cfg, random.Random(1))
+    s = sessions.new_session()
+    first = sessions.next_turn(s, 0.0)
+    first.output_tokens = first.max_output
+    sessions.record_answer(s, first)
+    second = sessions.next_turn(s, 10.0)
+    keys = [seg.key for seg in second.segments]
+    assert keys[:2] == [("system",), ("context", s.sid, 0)]
+    assert keys[2:4] == [first.segments[-1].key, first.output_key]
+    assert second.segments[3].length == first.max_output
+    assert (
+        second.prompt_tokens == first.prompt_tokens + first.max_output + second.segments[-1].length
+    )
+
+
+def test_retrieval_per_turn_changes_the_context_every_turn():
+    cfg = ChatWorkload(rate=1.0, retrieval_per_turn=True)
+    sessions = ChatSessions(cfg, random.Random(1))
+    s = sessions.new_session()
+    a, b = sessions.next_turn(s, 0.0), sessions.next_turn(s, 1.0)
+    assert a.segments[1].key != b.segments[1].key
+
+
+def test_session_lengths_and_arrivals_have_the_configured_means():
+    cfg = ChatWorkload(rate=6.0, turns_mean=3.0)
+    sessions = ChatSessions(cfg, random.Random(7))
+    turns = [sessions.new_session().turns_left for _ in range(4000)]
+    gaps = [sessions.session_gap_s() for _ in range(4000)]
+    assert sum(turns) / len(turns) == pytest.approx(3.0, rel=0.05)
+    assert sum(gaps) / len(gaps) == pytest.approx(3.0 / 6.0, rel=0.05)
+
+
+def test_map_mode_cuts_sections_of_the_decided_size_within_the_seats():
+    disp = BatchDispatcher(BatchWorkload(docs=1, doc_tokens=1000, mode="map"), ["r0"])
+    disp.add_backlog(1, 1000)
+    assert disp.admit("r0", 0.0) == []  # no decision yet: batch waits
+    disp.set_decision("r0", Decision(batch_seats=2, chunk_tokens=300))
+    first = disp.admit("r0", 0.0)
+    assert [r.segments[-1].length for r in first] == [300, 300]
+    assert {r.stage for r in first} == {"map"}
+    disp.finished(first[0], 1.0, ok=True)
+    disp.set_decision("r0", Decision(batch_seats=2, chunk_tokens=500))
+    assert [r.segments[-1].length for r in disp.admit("r0", 1.0)] == [400]
+    assert disp.docs_done == 0
+
+
+def test_a_reduce_over_the_section_summaries_finishes_a_split_document():
+    cfg = BatchWorkload(mode="map", section_summary_tokens=96, summary_tokens=192)
+    disp = BatchDispatcher(cfg, ["r0"])
+    disp.add_backlog(2, 1000)
+    disp.set_decision("r0", Decision(batch_seats=2, chunk_tokens=500))
+    a, b = disp.admit("r0", 0.0)
+    assert (a.max_output, b.max_output) == (96, 96)
+    disp.finished(a, 1.0, ok=True)
+    disp.finished(b, 2.0, ok=True)
+    reduce, section = disp.admit("r0", 2.0)  # the reduce goes ahead of the next document
+    assert reduce.stage == "reduce" and reduce.doc_id == a.doc_id
+    assert reduce.prompt_tokens == cfg.instruction_tokens + 2 * 96 and reduce.max_output == 192
+    assert section.doc_id != a.doc_id
+    assert disp.docs_done == 0
+    disp.finished(reduce, 3.0, ok=True)
+    assert disp.docs_done == 1
+
+
+def test_a_failed_section_fails_its_document_and_stops_its_cutting():
+    disp = BatchDispatcher(BatchWorkload(mode="map"), ["r0"])
+    disp.add_backlog(1, 1000)
+    disp.set_decision("r0", Decision(batch_seats=1, chunk_tokens=300))
+    (first,) = disp.admit("r0", 0.0)
+    disp.finished(first, 1.0, ok=False)
+    assert disp.admit("r0", 1.0) == []
+    assert disp.document_rows("run")[0]["status"] == "failed"
+
+
+def test_pause_admits_nothing_and_a_document_is_done_with_its_last_section():
+    disp = BatchDispatcher(BatchWorkload(mode="map"), ["r0"])
+    disp.add_backlog(1, 100)
+    disp.set_decision("r0", Decision(batch_seats=5, chunk_tokens=100, pause=True))
+    assert disp.admit("r0", 0.0) == []
+    disp.set_decision("r0", Decision(batch_seats=5, chunk_tokens=100))
+    (only,) = disp.admit("r0", 0.0)
+    assert only.stage == "whole"
+    disp.finished(only, 2.0, ok=True)
+    assert disp.docs_done == 1
+    assert disp.document_rows("run")[0]["status"] == "done"
+
+
+def test_whole_mode_sends_documents_whole_and_caps_their_prefill_chunks():
+    disp = BatchDispatcher(BatchWorkload(mode="whole"), ["r0"])
+    disp.add_backlog(2, 80_000)
+    disp.set_decision("r0", Decision(batch_seats=1, chunk_tokens=512))
+    (doc,) = disp.admit("r0", 0.0)
+    assert doc.prompt_tokens == 80_000 + 200 and doc.chunk_cap == 512
+    disp.set_decision("r0", Decision(batch_seats=1, chunk_tokens=256))
+    assert doc.chunk_cap == 256  # in-flight documents follow the latest decision
