@@ -14,6 +14,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "flows.cli_engine",
     "flows.cli_plan",
     "flows.cli_simulate",
+    "flows.cli_corpus",
 )
 
 app = typer.Typer(
