@@ -13,6 +13,7 @@ import typer
 COMMAND_MODULES: tuple[str, ...] = (
     "flows.cli_engine",
     "flows.cli_plan",
+    "flows.cli_warehouse",
     "flows.cli_simulate",
     "flows.cli_corpus",
 )

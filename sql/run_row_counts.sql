@@ -1,0 +1,8 @@
+-- Rows one run holds in each table: a reload must leave these equal to the run's files.
+SELECT
+    (SELECT count(*) FROM runs WHERE run_id = $run_id) AS runs,
+    (SELECT count(*) FROM documents WHERE run_id = $run_id) AS documents,
+    (SELECT count(*) FROM summaries WHERE run_id = $run_id) AS summaries,
+    (SELECT count(*) FROM requests WHERE run_id = $run_id) AS requests,
+    (SELECT count(*) FROM token_gaps WHERE run_id = $run_id) AS token_gaps,
+    (SELECT count(*) FROM decisions WHERE run_id = $run_id) AS decisions;

@@ -1,0 +1,125 @@
+-- Warehouse tables: one row per run in `runs`, each run's Parquet tables, and two rollups that the
+-- loader computes per run (rollup_run.sql). Every row is tagged with run_id so that reloading a run
+-- replaces exactly its rows.
+
+CREATE TABLE IF NOT EXISTS runs (
+    run_id VARCHAR PRIMARY KEY,
+    engine_config VARCHAR,
+    policy VARCHAR,
+    hardware_count BIGINT,
+    replicas BIGINT,            -- NULL: count the distinct replicas in requests
+    hourly_usd DOUBLE,          -- price of one replica-hour
+    slo_itl_p99_ms DOUBLE,
+    slo_ttft_p99_ms DOUBLE,
+    slo_e2e_p99_ms DOUBLE,
+    window_s DOUBLE,
+    started DOUBLE,             -- epoch seconds
+    ended DOUBLE,
+    corpus_path VARCHAR,
+    corpus_fingerprint VARCHAR,
+    loaded_at TIMESTAMP
+);
+
+CREATE TABLE IF NOT EXISTS documents (
+    run_id VARCHAR NOT NULL,
+    doc_id VARCHAR NOT NULL,
+    status VARCHAR NOT NULL,    -- 'done' | 'failed' | 'skipped'
+    reason VARCHAR,
+    prompt_tokens BIGINT,
+    sections BIGINT,
+    summary_tokens BIGINT,
+    t_done DOUBLE
+);
+
+CREATE TABLE IF NOT EXISTS summaries (
+    run_id VARCHAR NOT NULL,
+    doc_id VARCHAR NOT NULL,
+    summary VARCHAR NOT NULL,
+    summary_tokens BIGINT,
+    sections BIGINT,
+    replicas VARCHAR[]
+);
+
+CREATE TABLE IF NOT EXISTS requests (
+    run_id VARCHAR NOT NULL,
+    request_id VARCHAR NOT NULL,
+    class VARCHAR NOT NULL,     -- 'chat' | 'batch'
+    stage VARCHAR NOT NULL,     -- 'chat' | 'map' | 'reduce' | 'whole'
+    replica VARCHAR NOT NULL,
+    doc_id VARCHAR,
+    prompt_tokens BIGINT,
+    cached_tokens BIGINT,
+    output_tokens BIGINT,
+    t_submit DOUBLE NOT NULL,
+    t_first_token DOUBLE,
+    t_end DOUBLE,
+    ttft_s DOUBLE,
+    e2e_s DOUBLE,
+    itl_p50_s DOUBLE,
+    itl_p99_s DOUBLE,
+    itl_max_s DOUBLE,
+    status VARCHAR,             -- 'ok' | 'error' | 'timeout' | 'cancelled'
+    error VARCHAR
+);
+
+CREATE TABLE IF NOT EXISTS token_gaps (
+    run_id VARCHAR NOT NULL,
+    request_id VARCHAR NOT NULL,
+    idx INTEGER NOT NULL,
+    gap_s DOUBLE NOT NULL,
+    t DOUBLE NOT NULL,          -- arrival of the later token, epoch seconds
+    class VARCHAR               -- the request's class, filled in on load (NULL: no such request)
+);
+
+CREATE TABLE IF NOT EXISTS decisions (
+    run_id VARCHAR NOT NULL,
+    t DOUBLE NOT NULL,
+    replica VARCHAR NOT NULL,
+    batch_seats BIGINT NOT NULL,
+    chunk_tokens BIGINT NOT NULL,
+    pause BOOLEAN,
+    observed_itl_p99_s DOUBLE,
+    observed_ttft_p99_s DOUBLE,
+    observed_kv_usage DOUBLE,
+    predicted_step_ms DOUBLE,
+    reason VARCHAR
+);
+
+-- Rollups: latency percentiles per SLO window and per class, computed once per load so that the
+-- views answer in milliseconds however many nights the warehouse holds. Percentiles in ms.
+CREATE TABLE IF NOT EXISTS window_stats (
+    run_id VARCHAR NOT NULL,
+    window_idx BIGINT NOT NULL,
+    class VARCHAR NOT NULL,
+    requests BIGINT,            -- requests that ended in the window
+    failed BIGINT,              -- of those, not 'ok'
+    processed_tokens BIGINT,    -- prompt + output tokens of the window's ok requests
+    token_gaps BIGINT,
+    ttft_p50_ms DOUBLE,
+    ttft_p95_ms DOUBLE,
+    ttft_p99_ms DOUBLE,
+    itl_p50_ms DOUBLE,
+    itl_p95_ms DOUBLE,
+    itl_p99_ms DOUBLE,
+    e2e_p50_ms DOUBLE,
+    e2e_p95_ms DOUBLE,
+    e2e_p99_ms DOUBLE
+);
+
+CREATE TABLE IF NOT EXISTS class_stats (
+    run_id VARCHAR NOT NULL,
+    class VARCHAR NOT NULL,
+    requests BIGINT,
+    failed BIGINT,
+    output_tokens BIGINT,
+    token_gaps BIGINT,
+    ttft_p50_ms DOUBLE,
+    ttft_p95_ms DOUBLE,
+    ttft_p99_ms DOUBLE,
+    itl_p50_ms DOUBLE,
+    itl_p95_ms DOUBLE,
+    itl_p99_ms DOUBLE,
+    e2e_p50_ms DOUBLE,
+    e2e_p95_ms DOUBLE,
+    e2e_p99_ms DOUBLE
+);

@@ -1,0 +1,103 @@
+"""Arrow schemas of every table a run writes and the warehouse holds (DESIGN §4).
+
+`warehouse` imports nothing else of ours, so the columns of the request record are spelled out here
+again rather than derived from `scheduler.records`; the unit tests check that both still agree.
+Every producer (pipeline, chat load, simulator) writes these exact columns, so one set of SQL views
+answers for real and simulated runs alike.
+"""
+
+from __future__ import annotations
+
+import pyarrow as pa
+
+DOCUMENTS = pa.schema(
+    [
+        ("run_id", pa.string()),
+        ("doc_id", pa.string()),
+        ("status", pa.string()),  # 'done' | 'failed' | 'skipped'
+        ("reason", pa.string()),
+        ("prompt_tokens", pa.int64()),
+        ("sections", pa.int64()),
+        ("summary_tokens", pa.int64()),
+        ("t_done", pa.float64()),
+    ]
+)
+
+SUMMARIES = pa.schema(
+    [
+        ("run_id", pa.string()),
+        ("doc_id", pa.string()),
+        ("summary", pa.string()),
+        ("summary_tokens", pa.int64()),
+        ("sections", pa.int64()),
+        ("replicas", pa.list_(pa.string())),  # every replica that served a section of the document
+    ]
+)
+
+REQUESTS = pa.schema(
+    [
+        ("run_id", pa.string()),
+        ("request_id", pa.string()),
+        ("class", pa.string()),  # 'chat' | 'batch'
+        ("stage", pa.string()),  # 'chat' | 'map' | 'reduce' | 'whole'
+        ("replica", pa.string()),
+        ("doc_id", pa.string()),
+        ("prompt_tokens", pa.int64()),
+        ("cached_tokens", pa.int64()),
+        ("output_tokens", pa.int64()),
+        ("t_submit", pa.float64()),
+        ("t_first_token", pa.float64()),
+        ("t_end", pa.float64()),
+        ("ttft_s", pa.float64()),
+        ("e2e_s", pa.float64()),
+        ("itl_p50_s", pa.float64()),
+        ("itl_p99_s", pa.float64()),
+        ("itl_max_s", pa.float64()),
+        ("status", pa.string()),  # 'ok' | 'error' | 'timeout' | 'cancelled'
+        ("error", pa.string()),
+    ]
+)
+
+TOKEN_GAPS = pa.schema(
+    [
+        ("run_id", pa.string()),
+        ("request_id", pa.string()),
+        ("idx", pa.int32()),
+        ("gap_s", pa.float64()),
+        ("t", pa.float64()),
+    ]
+)
+
+DECISIONS = pa.schema(
+    [
+        ("run_id", pa.string()),
+        ("t", pa.float64()),
+        ("replica", pa.string()),
+        ("batch_seats", pa.int64()),
+        ("chunk_tokens", pa.int64()),
+        ("pause", pa.bool_()),
+        ("observed_itl_p99_s", pa.float64()),
+        ("observed_ttft_p99_s", pa.float64()),
+        ("observed_kv_usage", pa.float64()),
+        ("predicted_step_ms", pa.float64()),
+        ("reason", pa.string()),
+    ]
+)
+
+# Tables a run directory holds as Parquet, in load order; `runs` comes from run.json instead.
+RUN_TABLES: dict[str, pa.Schema] = {
+    "documents": DOCUMENTS,
+    "summaries": SUMMARIES,
+    "requests": REQUESTS,
+    "token_gaps": TOKEN_GAPS,
+    "decisions": DECISIONS,
+}
+
+# Columns every row must carry; any other column a producer leaves out is stored as null.
+REQUIRED: dict[str, frozenset[str]] = {
+    "documents": frozenset({"run_id", "doc_id", "status"}),
+    "summaries": frozenset({"run_id", "doc_id", "summary"}),
+    "requests": frozenset({"run_id", "request_id", "class", "stage", "replica", "t_submit"}),
+    "token_gaps": frozenset({"run_id", "request_id", "idx", "gap_s", "t"}),
+    "decisions": frozenset({"run_id", "t", "replica", "batch_seats", "chunk_tokens"}),
+}
