@@ -16,6 +16,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "flows.cli_warehouse",
     "flows.cli_simulate",
     "flows.cli_corpus",
+    "flows.cli_chat_load",
 )
 
 app = typer.Typer(
