@@ -34,6 +34,7 @@ from typing import Any
 
 import ray
 
+from pipelines.errors import RunStopped
 from pipelines.gate_metrics import GateMetrics
 from pipelines.gate_setup import (
     PolicyName,
@@ -130,6 +131,7 @@ class GateActor:
         self._waiting = 0
         self._cond = asyncio.Condition()  # binds to the actor's loop on first use
         self._loop_task: asyncio.Task | None = None
+        self._stopped: str | None = None
 
     # -- permits ----------------------------------------------------------------------------
 
@@ -146,6 +148,8 @@ class GateActor:
         try:
             async with asyncio.timeout(timeout_s), self._cond:
                 while True:
+                    if self._stopped:
+                        raise RunStopped(f"run stopped: {self._stopped}")
                     self._check_can_ever_fit(kv_tokens)
                     replica = self._route(kv_tokens)
                     if replica is not None:
@@ -190,6 +194,13 @@ class GateActor:
         """Timings of a request that held no permit (a chat request seen by a load generator or a
         gateway), so the controller sees exact chat ITL and TTFT."""
         self._feed(record_row, gaps)
+
+    async def stop(self, reason: str) -> None:
+        """Grant nothing more, now or later: waiting and future `acquire` calls raise RunStopped.
+        Permits already granted finish normally."""
+        self._stopped = reason
+        async with self._cond:
+            self._cond.notify_all()
 
     async def mark_down(self, replica: str) -> None:
         """A replica died: grant nothing more there. Its permits stay until released."""

@@ -54,6 +54,8 @@ class Completion:
     text: str
     record: RequestRecord
     token_times: list[float] = field(default_factory=list, repr=False)
+    replica_failed: bool = False
+    """The replica could not be reached or broke the stream: worth retrying on another replica."""
 
     @property
     def ok(self) -> bool:
@@ -151,7 +153,9 @@ class StreamingClient:
                 return await self._stream_once(path, payload, record)
             except RetryableError as exc:
                 if attempt == self.config.retries:
-                    return _failed(record, "error", f"{exc} (after {attempt + 1} attempts)")
+                    done = _failed(record, "error", f"{exc} (after {attempt + 1} attempts)")
+                    done.replica_failed = True
+                    return done
                 await asyncio.sleep(delay * random.uniform(0.8, 1.2))
                 delay = min(delay * 2, self.config.backoff_max_s)
         raise AssertionError("unreachable")
@@ -175,8 +179,10 @@ class StreamingClient:
                 httpx.ReadError, httpx.ReadTimeout) as exc:
             if not token_times:
                 raise RetryableError(f"{type(exc).__name__} from {self.replica}: {exc}") from exc
-            return _failed(record, "error", f"stream broke after {len(token_times)} tokens: {exc}",
+            done = _failed(record, "error", f"stream broke after {len(token_times)} tokens: {exc}",
                            token_times, pieces)
+            done.replica_failed = True
+            return done
         record.finish(token_times, t0_wall + (time.perf_counter() - t0))
         record.output_tokens = record.output_tokens or len(token_times)
         return Completion("".join(pieces), record, token_times)

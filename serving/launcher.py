@@ -99,10 +99,13 @@ class ReplicaSet:
         tmp.replace(self.state_file)
 
     def up(self, config: EngineConfig, config_path: str, port: int, count: int = 1,
-           host: str = "127.0.0.1", timeout_s: float = 300.0) -> list[Replica]:
+           host: str = "127.0.0.1", timeout_s: float = 300.0,
+           tie_to_caller: bool = False) -> list[Replica]:
         """Start `count` replicas on consecutive ports and wait until all answer /health.
 
-        Any failure stops every replica this call started, then raises EngineStartError."""
+        Any failure stops every replica this call started, then raises EngineStartError. With
+        `tie_to_caller` the replicas are also stopped by the kernel if this process dies without
+        cleaning up (killed, crashed): replicas a run or a test owns never outlive it."""
         ports = [port + i for i in range(count)]
         busy = [p for p in ports if port_in_use(host, p)]
         if busy:
@@ -113,7 +116,7 @@ class ReplicaSet:
         started: list[Replica] = []
         try:
             for p in ports:
-                started.append(self._spawn(config, config_path, argv[p], host, p))
+                started.append(self._spawn(config, config_path, argv[p], host, p, tie_to_caller))
             for r in started:
                 wait_healthy(r, timeout_s)
                 warm_up(r, int(config.flag("max-num-batched-tokens", 512)))
@@ -123,14 +126,15 @@ class ReplicaSet:
         return started
 
     def _spawn(self, config: EngineConfig, config_path: str, argv: list[str], host: str,
-               port: int) -> Replica:
+               port: int, tie_to_caller: bool = False) -> Replica:
         name = f"{config.name}-{port}"
         log = self.state_dir / f"{name}.log"
         self.state_dir.mkdir(parents=True, exist_ok=True)
         with open(log, "wb") as out:
             proc = subprocess.Popen(
                 argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                env={**os.environ, **config.env}, start_new_session=True)
+                env={**os.environ, **config.env}, start_new_session=True,
+                preexec_fn=_die_with_parent if tie_to_caller and _on_main_thread() else None)
         replica = Replica(name, config_path, config.model.served_name, host, port, proc.pid,
                           str(log), time.time())
         self._save([r for r in self.load() if r.name != name] + [replica])
@@ -159,11 +163,28 @@ class ReplicaSet:
     def running(self, config: EngineConfig, config_path: str, port: int, count: int = 1,
                 timeout_s: float = 300.0) -> Iterator[list[Replica]]:
         """Replicas that exist for the duration of a `with` block, stopped on any exit."""
-        replicas = self.up(config, config_path, port, count, timeout_s=timeout_s)
+        replicas = self.up(config, config_path, port, count, timeout_s=timeout_s,
+                           tie_to_caller=True)
         try:
             yield replicas
         finally:
             self.down([r.name for r in replicas])
+
+
+def _on_main_thread() -> bool:
+    """The kernel's parent-death signal fires when the *thread* that started the child exits, so
+    it is only safe to ask for from the main thread, which lives as long as the process."""
+    import threading
+
+    return threading.current_thread() is threading.main_thread()
+
+
+def _die_with_parent() -> None:
+    """In the child, before exec: SIGTERM this process when its parent dies (Linux prctl)."""
+    import ctypes
+
+    pr_set_pdeathsig = 1
+    ctypes.CDLL("libc.so.6", use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM)
 
 
 def wait_healthy(replica: Replica, timeout_s: float) -> None:

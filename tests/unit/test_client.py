@@ -85,6 +85,7 @@ async def test_connection_refused_gives_up_with_reason() -> None:
     done = await client_for(handler).complete("hi", max_tokens=1)
     assert done.record.status == "error"
     assert "ConnectError" in done.record.error and "3 attempts" in done.record.error
+    assert done.replica_failed
 
 
 async def test_client_error_is_not_retried() -> None:
@@ -96,6 +97,7 @@ async def test_client_error_is_not_retried() -> None:
 
     done = await client_for(handler).complete("hi", max_tokens=1)
     assert done.record.status == "error" and "400" in done.record.error and len(calls) == 1
+    assert not done.replica_failed
 
 
 class BreaksAfterTokens(httpx.AsyncByteStream):
@@ -114,6 +116,7 @@ async def test_stream_broken_after_tokens_is_never_retried() -> None:
     done = await client_for(handler).complete("hi", max_tokens=5)
     assert len(calls) == 1
     assert done.record.status == "error" and "after 1 tokens" in done.record.error
+    assert done.replica_failed
     assert done.text == "a"
 
 

@@ -1,0 +1,121 @@
+"""The nightly summarization flow: check replicas → plan caps → run pipeline → load → report.
+
+Each step is a Prefect task with the retries that suit it: the pipeline resumes where it stopped,
+so retrying it never redoes a finished document; loading replaces a run's rows, so it is safe to
+repeat. Results land as Prefect artifacts (the Markdown report and a latency table) beside the files
+under `results/`.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+from prefect import flow, get_run_logger, task
+from prefect.artifacts import create_markdown_artifact, create_table_artifact
+
+from flows.replicas import replicas_for_run
+from pipelines.config import PipelineConfig
+from pipelines.job import JobResult, JobSpec, run_job
+from scheduler.slo import SLO
+from serving.engine_config import load_engine_config
+
+
+@task(retries=2, retry_delay_seconds=5)
+def plan_caps(latency_model: str | None, slo: SLO, max_model_len: int) -> list[dict]:
+    """The chunk the controller would allow at each prefix position with no chat load: a preview
+    of how it will size sections, logged before the run starts."""
+    if latency_model is None:
+        return []
+    from scheduler.latency_model import LatencyModel, largest_chunk_within
+
+    model = LatencyModel.from_json(latency_model)
+    budget = slo.chat_itl_p99_ms / 1000
+    points = sorted({0, max_model_len // 4, max_model_len // 2, max_model_len * 3 // 4})
+    return [{"prefix_tokens": p, "chunk_tokens": largest_chunk_within(
+        model, budget, p, decode_seqs=1, decode_context_tokens=1024, max_chunk=max_model_len)}
+        for p in points]
+
+
+@task(retries=1, retry_delay_seconds=10)
+def run_pipeline(spec: JobSpec) -> JobResult:
+    return run_job(spec)
+
+
+@task(retries=2, retry_delay_seconds=5)
+def load_warehouse(results: str, run_id: str) -> dict:
+    from warehouse.load import load_results
+
+    return load_results(results, [run_id])[0].rows
+
+
+@task(retries=1)
+def publish_report(results: str, run_id: str, out: str | None = None) -> dict:
+    from flows.report import write_report
+    from warehouse.db import connect, db_path
+    from warehouse.queries import rows
+
+    files = write_report(results, run_id, out)
+    create_markdown_artifact(key=_key(run_id, "report"), markdown=files.markdown.read_text(),
+                             description=f"nightshift run {run_id}")
+    con = connect(db_path(results), read_only=True)
+    try:
+        latency = rows(con, "report_latency", run_id=run_id)
+    finally:
+        con.close()
+    create_table_artifact(key=_key(run_id, "latency"), table=latency,
+                          description="p50/p95/p99 of TTFT, ITL and E2E per class")
+    return {"markdown": str(files.markdown), "html": str(files.html)}
+
+
+def _key(run_id: str, what: str) -> str:
+    """Prefect artifact keys allow lowercase letters, digits and dashes only."""
+    safe = "".join(c if c.isalnum() else "-" for c in run_id.lower())
+    return f"nightshift-{safe}-{what}"[:100]
+
+
+@flow(name="nightly_summarization", log_prints=True)
+def nightly_summarization(
+    corpus: str,
+    engine_config: str,
+    replica_urls: list[str] | None = None,
+    replicas: int = 1,
+    run_id: str | None = None,
+    results: str = "results",
+    policy: str = "slo",
+    latency_model: str | None = None,
+    slo: SLO | None = None,
+    pipeline: PipelineConfig | None = None,
+    static_caps: tuple[int, int] = (4, 2048),
+    metrics_port: int | None = None,
+    pushgateway: str | None = None,
+    show_progress: bool = True,
+) -> dict:
+    """Tonight's corpus, summarized on the shared replicas without breaking chat's SLO."""
+    log = get_run_logger()
+    config = load_engine_config(engine_config)
+    run_id = run_id or time.strftime("run-%Y%m%d-%H%M%S")
+    slo = slo or SLO()
+    pipeline = pipeline or default_pipeline(config)
+    with replicas_for_run(config, engine_config, replica_urls or [], replicas,
+                          state_dir=str(Path(results) / "engines")) as live:
+        log.info("run %s on %s", run_id, ", ".join(url for _, url in live))
+        preview = plan_caps(latency_model, slo, pipeline.max_model_len)
+        log.info("chunk caps by prefix position with no chat load: %s", preview)
+        job = run_pipeline(JobSpec(
+            corpus=corpus, engine_config=engine_config, replicas=live, run_id=run_id,
+            results=results, pipeline=pipeline, slo=slo, policy=policy,
+            latency_model=latency_model, static_caps=static_caps, metrics_port=metrics_port,
+            pushgateway=pushgateway, show_progress=show_progress))
+    loaded = load_warehouse(results, run_id)
+    report = publish_report(results, run_id)
+    return {"run_id": run_id, "job": asdict(job) | {"run_dir": str(job.run_dir)},
+            "loaded": loaded, "report": report}
+
+
+def default_pipeline(config) -> PipelineConfig:
+    """Pipeline settings that follow the engine config: its context length, and exact output
+    lengths for the local random-weight models (which would otherwise stop at random)."""
+    max_len = int(config.flag("max-model-len", 32_768))
+    return PipelineConfig(max_model_len=max_len, ignore_eos=config.model.local_name is not None)

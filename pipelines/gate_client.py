@@ -1,0 +1,47 @@
+"""Worker-side handles: the Gate actor as an awaitable object, and one HTTP client per replica."""
+
+from __future__ import annotations
+
+import httpx
+
+from serving.client import ClientConfig, StreamingClient
+
+
+class RayGateClient:
+    """The run's Gate actor behind plain async methods (a Ray ObjectRef is awaitable)."""
+
+    def __init__(self, handle, acquire_timeout_s: float | None = None) -> None:
+        self._gate = handle
+        self._timeout = acquire_timeout_s
+
+    async def acquire(self, doc_id: str, prompt_tokens: int, max_tokens: int):
+        return await self._gate.acquire.remote(doc_id, prompt_tokens, max_tokens, self._timeout)
+
+    async def release(self, permit_id: str, row: dict, gaps: list[dict]) -> None:
+        await self._gate.release.remote(permit_id, row, gaps)
+
+    async def mark_down(self, replica: str) -> None:
+        await self._gate.mark_down.remote(replica)
+
+
+class HttpClientPool:
+    """One StreamingClient per replica over one shared connection pool."""
+
+    def __init__(self, model: str, run_id: str, config: ClientConfig | None = None) -> None:
+        self.model = model
+        self.run_id = run_id
+        self.config = config or ClientConfig()
+        self._http = httpx.AsyncClient(
+            timeout=httpx.Timeout(self.config.read_timeout_s, connect=self.config.connect_timeout_s),
+            limits=httpx.Limits(max_connections=None, max_keepalive_connections=64))
+        self._clients: dict[str, StreamingClient] = {}
+
+    def client(self, base_url: str, replica: str) -> StreamingClient:
+        if base_url not in self._clients:
+            self._clients[base_url] = StreamingClient(
+                base_url, self.model, run_id=self.run_id, replica=replica, config=self.config,
+                http=self._http)
+        return self._clients[base_url]
+
+    async def aclose(self) -> None:
+        await self._http.aclose()

@@ -1,0 +1,237 @@
+"""The nightly summarization job on Ray Data: read → tokenize → judge → summarize → write.
+
+The driver reads the corpus and owns the run's files; Ray Data tokenizes documents and runs the
+summarizers; the Gate actor decides what may run where. Documents stream back to the driver as they
+finish and are written at once, so progress is visible and a killed run keeps what it did.
+`ray.init()` starts Ray locally; with `RAY_ADDRESS` set the same code runs on a cluster.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from pipelines.config import PipelineConfig
+from pipelines.corpus import classify, read_corpus
+from pipelines.progress import RunProgress
+from pipelines.run_metrics import RunMetrics
+from pipelines.run_store import RunStore
+from scheduler.slo import SLO
+from serving.engine_config import load_engine_config
+from warehouse.run_files import RunMeta
+
+log = logging.getLogger("nightshift.job")
+
+
+@dataclass
+class JobSpec:
+    """Everything one run needs; the CLI and the Prefect flow build it."""
+
+    corpus: str
+    engine_config: str
+    replicas: list[tuple[str, str]]
+    run_id: str
+    results: str = "results"
+    pipeline: PipelineConfig = field(default_factory=PipelineConfig)
+    slo: SLO = field(default_factory=SLO)
+    policy: str = "slo"
+    latency_model: str | None = None
+    static_caps: tuple[int, int] = (4, 2048)
+    sensor: dict = field(default_factory=lambda: {"kind": "vllm"})
+    interval_s: float = 2.0
+    metrics_port: int | None = None
+    gate_metrics_port: int | None = None
+    pushgateway: str | None = None
+    show_progress: bool = True
+    stop_after_s: float | None = None
+    """Stop granting batch seats after this long (benchmarks); unfinished documents stay to do."""
+
+
+@dataclass
+class JobResult:
+    run_id: str
+    run_dir: Path
+    docs_total: int
+    docs_done: int
+    docs_failed: int
+    docs_skipped: int
+    docs_already_done: int
+    docs_stopped: int
+    batch_tokens: int
+    seconds: float
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.batch_tokens / max(self.seconds, 1e-9)
+
+
+def run_job(spec: JobSpec) -> JobResult:
+    """Run (or resume) one summarization run to the end and return its totals."""
+    engine = load_engine_config(spec.engine_config)
+    corpus = read_corpus(spec.corpus)  # a bad corpus fails here, before any work
+    store = RunStore(spec.results, spec.run_id)
+    meta = store.begin(RunMeta(
+        run_id=spec.run_id, engine_config=engine.name, policy=spec.policy,
+        hardware_count=engine.hardware.count, replicas=len(spec.replicas),
+        hourly_usd=engine.hardware.hourly_usd, slo=spec.slo.model_dump(),
+        corpus_path=str(spec.corpus)))
+    already = store.finished_doc_ids()
+    todo = corpus.filter(pc.invert(pc.is_in(corpus.column("doc_id"), pa.array(sorted(already),
+                                                                               pa.string()))))
+    t0 = time.time()
+    metrics = RunMetrics(spec.run_id)
+    if spec.metrics_port is not None:
+        metrics.serve(spec.metrics_port)
+    ray = _init_ray()
+    gate = _start_gate(spec)
+    totals, problems = {"done": 0, "failed": 0, "stopped": 0, "tokens": 0}, []
+    deadline = _stop_later(gate, spec.stop_after_s)
+    try:
+        if todo.num_rows:
+            tokenized, problems = _tokenize_and_judge(ray, todo, spec)
+            store.write_rejections(problems)
+            totals = _summarize(ray, tokenized, spec, store, gate, metrics)
+        store.write_decisions(ray.get(gate.decision_rows.remote()))
+    finally:
+        if deadline is not None:
+            deadline.cancel()
+        _stop_gate(ray, gate)
+    store.finish(meta)
+    if spec.pushgateway:
+        metrics.push(spec.pushgateway)
+    return JobResult(
+        run_id=spec.run_id, run_dir=store.dir, docs_total=corpus.num_rows,
+        docs_done=totals["done"], docs_failed=totals["failed"] + sum(
+            p["status"] == "failed" for p in problems),
+        docs_skipped=sum(p["status"] == "skipped" for p in problems),
+        docs_already_done=len(already), docs_stopped=totals["stopped"], batch_tokens=totals["tokens"], seconds=time.time() - t0)
+
+
+def _stop_later(gate, after_s: float | None):
+    """A timer that tells the Gate to stop granting seats after `after_s` seconds."""
+    if after_s is None:
+        return None
+    import threading
+
+    timer = threading.Timer(after_s, lambda: gate.stop.remote(f"deadline of {after_s:.0f} s"))
+    timer.daemon = True
+    timer.start()
+    return timer
+
+
+def _init_ray():
+    import ray
+    from ray.data import DataContext
+
+    if not ray.is_initialized():
+        ray.init(address=os.environ.get("RAY_ADDRESS"), include_dashboard=False,
+                 log_to_driver=False, logging_level=logging.WARNING)
+    logging.getLogger("ray.data").setLevel(logging.WARNING)
+    ctx = DataContext.get_current()
+    ctx.enable_progress_bars = False  # the run draws its own progress
+    ctx.execution_options.preserve_order = False
+    return ray
+
+
+def _start_gate(spec: JobSpec):
+    from pipelines.gate import start_gate
+
+    return start_gate(
+        spec.run_id, spec.replicas, policy=spec.policy, slo=spec.slo,
+        latency_model=spec.latency_model, static_caps=spec.static_caps, sensor=spec.sensor,
+        interval_s=spec.interval_s, metrics_port=spec.gate_metrics_port)
+
+
+def _stop_gate(ray, gate) -> None:
+    try:
+        ray.get(gate.close.remote(), timeout=10)
+    finally:
+        ray.kill(gate)
+
+
+def _tokenize_and_judge(ray, corpus: pa.Table, spec: JobSpec):
+    """Tokenize on Ray, then judge every document on the driver (duplicates need the whole view).
+
+    Returns the dataset of documents to summarize and the rows of those refused."""
+    from pipelines.workers import Tokenize
+
+    indexed = corpus.append_column("row", pa.array(range(corpus.num_rows), pa.int64()))
+    tokenized = ray.data.from_arrow(indexed).map_batches(
+        Tokenize, fn_constructor_kwargs={"engine_config": spec.engine_config},
+        batch_size=16, batch_format="pyarrow", compute=ray.data.ActorPoolStrategy(size=1),
+        num_cpus=0.5,
+    ).materialize()
+    counted = tokenized.select_columns(["row", "n_tokens"]).to_arrow_refs()
+    counts: dict[int, int] = {}
+    for ref in counted:
+        block = ray.get(ref)
+        counts.update(zip(block.column("row").to_pylist(), block.column("n_tokens").to_pylist(),
+                          strict=True))
+    verdicts = classify(corpus, spec.pipeline.max_doc_tokens,
+                        [counts.get(i) for i in range(corpus.num_rows)])
+    ids = corpus.column("doc_id").to_pylist()
+    problems = [{"doc_id": ids[i], "status": v.status, "reason": v.reason,
+                 "prompt_tokens": counts.get(i), "sections": 0, "summary_tokens": 0,
+                 "t_done": time.time()} for i, v in enumerate(verdicts) if v is not None]
+    keep = pa.array([i for i, v in enumerate(verdicts) if v is None], pa.int64())
+    accepted = tokenized.map_batches(lambda t: t.filter(pc.is_in(t.column("row"), keep)),
+                                     batch_format="pyarrow", batch_size=None)
+    return accepted, problems
+
+
+def _summarize(ray, tokenized, spec: JobSpec, store: RunStore, gate, metrics: RunMetrics) -> dict:
+    from pipelines.workers import Summarize
+
+    _set_async_udf_concurrency(spec.pipeline.docs_per_actor)
+    docs = tokenized.select_columns(["doc_id", "token_ids"]).materialize()
+    total = docs.count()
+    metrics.remaining.set(total)
+    totals = {"done": 0, "failed": 0, "stopped": 0, "tokens": 0}
+    if not total:
+        return totals
+    cfg = spec.pipeline
+    # One block per document, so every actor gets work and a long document holds up no other.
+    outcomes = docs.repartition(max(1, total)).map_batches(
+        Summarize,
+        fn_constructor_kwargs={"run_id": spec.run_id, "engine_config": spec.engine_config,
+                               "config": cfg.model_dump()},
+        batch_size=1, compute=ray.data.ActorPoolStrategy(size=cfg.actors), num_cpus=0.25)
+    with RunProgress(total, enabled=spec.show_progress) as progress:
+        for batch in outcomes.iter_batches(batch_size=None, batch_format="pyarrow"):
+            rows = batch.to_pylist()
+            store.write_outcomes(rows)
+            caps = ray.get(gate.caps.remote())
+            for r in rows:
+                totals[r["status"]] += 1
+                totals["tokens"] += r["batch_tokens"]
+                metrics.document_done(r["status"], r["batch_tokens"])
+                _observe_requests(metrics, r)
+                progress.update(r["batch_tokens"], caps)
+    return totals
+
+
+def _set_async_udf_concurrency(n: int) -> None:
+    """Documents each summarizer actor works on at once. Ray Data takes this from
+    RAY_DATA_DEFAULT_ASYNC_BATCH_UDF_MAX_CONCURRENCY when it is first imported and keeps it in a
+    module constant that it reads when it plans a stage, so setting the constant is what applies
+    it to this run's plan (the environment variable alone would be too late once imported)."""
+    from ray.data._internal.planner import plan_udf_map_op
+
+    os.environ["RAY_DATA_DEFAULT_ASYNC_BATCH_UDF_MAX_CONCURRENCY"] = str(n)
+    plan_udf_map_op.DEFAULT_ASYNC_BATCH_UDF_MAX_CONCURRENCY = n
+
+
+def _observe_requests(metrics: RunMetrics, outcome: dict) -> None:
+    import json
+
+    gaps_by_request: dict[str, list[float]] = {}
+    for g in json.loads(outcome["gaps"]):
+        gaps_by_request.setdefault(g["request_id"], []).append(g["gap_s"])
+    for row in json.loads(outcome["requests"]):
+        metrics.observe_request(row, gaps_by_request.get(row["request_id"], []))

@@ -1,0 +1,81 @@
+"""The Ray Data stages: tokenize documents, and summarize them through the Gate.
+
+Both are callable classes so that each Ray actor loads the tokenizer (and opens its connection
+pool) once, not once per batch. The summarizer is an async UDF: Ray Data runs several of its calls
+at once per actor (`docs_per_actor`), which is what keeps enough documents waiting at the Gate for
+it to fill every seat it opens.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+import numpy as np
+import pyarrow as pa
+
+from pipelines.config import PipelineConfig
+from pipelines.corpus import document_texts
+from pipelines.prompts import PromptKit
+from pipelines.summarize import DocOutcome, DocumentJob
+from serving.engine_config import load_engine_config
+from serving.tokenizer import tokenizer_for
+
+OUTCOME_COLUMNS = ("doc_id", "status", "reason", "summary", "summary_tokens", "sections",
+                   "prompt_tokens", "batch_tokens", "replicas", "requests", "gaps", "t_done")
+
+
+class Tokenize:
+    """Adds `n_tokens` and `token_ids` (the served model's tokens) to a batch of documents."""
+
+    def __init__(self, engine_config: str, replica_url: str | None = None) -> None:
+        self.tokenizer = tokenizer_for(load_engine_config(engine_config), replica_url)
+
+    def __call__(self, batch: pa.Table) -> pa.Table:
+        texts = [t or "" for t in document_texts(batch)]  # unusable text: 0 tokens, failed later
+        encode_batch = getattr(self.tokenizer, "encode_batch", None)
+        ids = encode_batch(texts) if encode_batch else [self.tokenizer.encode(t) for t in texts]
+        batch = batch.append_column("n_tokens", pa.array([len(i) for i in ids], pa.int64()))
+        return batch.append_column("token_ids", pa.array(ids, pa.list_(pa.int32())))
+
+
+class Summarize:
+    """Summarizes one document per call, through the run's Gate; returns its outcome row."""
+
+    def __init__(self, run_id: str, engine_config: str, config: dict,
+                 replica_url: str | None = None) -> None:
+        import ray
+
+        from pipelines.gate import gate_name
+        from pipelines.gate_client import HttpClientPool, RayGateClient
+
+        cfg = PipelineConfig.model_validate(config)
+        engine = load_engine_config(engine_config)
+        tokenizer = tokenizer_for(engine, replica_url)
+        self.run_id = run_id
+        self.job = DocumentJob(
+            gate=RayGateClient(ray.get_actor(gate_name(run_id)), cfg.acquire_timeout_s),
+            clients=HttpClientPool(engine.model.served_name, run_id),
+            tokenizer=tokenizer,
+            kit=PromptKit.build(tokenizer),
+            config=cfg,
+        )
+
+    async def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, list]:
+        rows = [await self.job.summarize(str(doc_id), [int(t) for t in ids])
+                for doc_id, ids in zip(batch["doc_id"], batch["token_ids"], strict=True)]
+        return {c: [outcome_row(o)[c] for o in rows] for c in OUTCOME_COLUMNS}
+
+
+def outcome_row(o: DocOutcome) -> dict:
+    """A document's outcome as one row; its request records and gaps travel as JSON text so that
+    a row of any size fits a Ray Data block without a nested schema."""
+    gaps = [{"request_id": g.request_id, "idx": g.idx, "gap_s": g.gap_s, "t": g.t}
+            for r in o.records for g in r.gaps]
+    return {
+        "doc_id": o.doc_id, "status": o.status, "reason": o.reason, "summary": o.summary,
+        "summary_tokens": o.summary_tokens, "sections": o.sections,
+        "prompt_tokens": o.prompt_tokens, "batch_tokens": o.batch_tokens,
+        "replicas": json.dumps(o.replicas), "requests": json.dumps([r.row() for r in o.records]),
+        "gaps": json.dumps(gaps), "t_done": time.time(),
+    }
