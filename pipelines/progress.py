@@ -37,7 +37,7 @@ def describe_caps(caps: dict[str, dict]) -> str:
     """`r1 4×1024` per replica, `paused` when paused, `down` when out."""
     parts = []
     for name, c in sorted(caps.items()):
-        if not c.get("up", True):
+        if c.get("reason") == "down":
             parts.append(f"{name} down")
         elif c.get("pause"):
             parts.append(f"{name} paused")

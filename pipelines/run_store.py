@@ -115,6 +115,9 @@ class RunStore:
         for f in files:
             if f.parent.name == "documents":  # the parts; the main file was just rewritten
                 f.unlink()
+        parts_dir = self.dir / "documents"
+        if parts_dir.is_dir() and not any(parts_dir.iterdir()):
+            parts_dir.rmdir()
 
 
 def _latest_per_doc(table: pa.Table) -> pa.Table:
