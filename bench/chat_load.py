@@ -18,6 +18,7 @@ import asyncio
 import itertools
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -141,10 +142,12 @@ async def run_chat_load(
     *,
     text: str | None = None,
     http=None,
+    on_record: Callable[[RequestRecord], None] | None = None,
 ) -> ChatLoadResult:
     """Play `spec` against `replicas` (name, base URL) serving `model`. `text` replaces the
     source text and `http` the HTTP client (tests). The tokenizer runs in a worker thread, so a
-    replica's `/tokenize` endpoint does not stall the event loop."""
+    replica's `/tokenize` endpoint does not stall the event loop. `on_record` sees every finished
+    request as it ends (a Gate uses it for exact chat latency while the load runs)."""
     builder, plans = await asyncio.to_thread(prepare, spec, tokenizer, text)
     clients = {
         name: StreamingClient(
@@ -153,7 +156,7 @@ async def run_chat_load(
         for name, url in replicas
     }
     router = Router([n for n, _ in replicas], spec.routing)
-    run = _Run(spec, builder, clients, router, run_id, tokenizer)
+    run = _Run(spec, builder, clients, router, run_id, tokenizer, on_record)
     started = time.time()
     try:
         await run.play(plans, stop)
@@ -184,9 +187,10 @@ class _Run:
         router: Router,
         run_id: str,
         tokenizer,
+        on_record: Callable[[RequestRecord], None] | None = None,
     ) -> None:
         self.spec, self.builder, self.clients, self.router = spec, builder, clients, router
-        self.run_id, self.tokenizer = run_id, tokenizer
+        self.run_id, self.tokenizer, self.on_record = run_id, tokenizer, on_record
         self.sessions: dict[int, _Session] = {}
         self.tasks: set[asyncio.Task] = set()
         self.sent: list[SentTurn] = []
@@ -295,6 +299,8 @@ class _Run:
             self.router.release(replica)
             if record is not None:
                 self.sent.append(SentTurn(plan, prompt.tokens, prompt.history_turns, record))
+                if self.on_record is not None:
+                    self.on_record(record)
 
 
 async def _forward(source: asyncio.Event, target: asyncio.Event) -> None:

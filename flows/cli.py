@@ -18,6 +18,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "flows.cli_corpus",
     "flows.cli_chat_load",
     "flows.cli_run",
+    "flows.cli_bench",
 )
 
 app = typer.Typer(

@@ -1,46 +1,133 @@
-"""`make demo`: start a cpu-small replica, stream one summary request through it, stop it.
+"""`make demo`: tonight's job on the embedded defaults, start to finish, in a few minutes.
 
-Stopping happens on every exit path, Ctrl-C included, because the replica runs inside
-`ReplicaSet.running`.
+Starts a cpu-small replica, plays production-shaped chat against it, runs the nightly flow with the
+SLO controller on a sample corpus, and prints what a platform team would look at in the morning:
+chat latency against the SLO, batch documents and tokens/s, cost, where the DuckDB file and the
+HTML report are. Everything it starts it stops, on Ctrl-C too.
 """
 
 from __future__ import annotations
 
-import asyncio
 import sys
+import time
 from pathlib import Path
 
-from serving.client import StreamingClient
-from serving.engine_config import load_engine_config
-from serving.launcher import ReplicaSet
-
 CONFIG = Path("engine_configs/cpu-small.yaml")
+FIT = Path("engine_configs/fits/cpu-small.json")
+RESULTS = Path("results")
 PORT = 8000
-
-
-async def stream_one(url: str, model: str) -> None:
-    text = Path("serving/model_text/nightshift_prose.txt").read_text()[:3000]
-    async with StreamingClient(url, model, run_id="demo") as client:
-        done = await client.chat(
-            [{"role": "system", "content": "Summarize the document faithfully."},
-             {"role": "user", "content": text}],
-            max_tokens=64, ignore_eos=True, cls="batch", stage="whole")
-    r = done.record
-    print(f"summary ({r.output_tokens} tokens, random weights so the text is noise): "
-          f"{done.text[:120]!r}")
-    print(f"prompt {r.prompt_tokens} tokens, TTFT {r.ttft_s * 1000:.0f} ms, "
-          f"ITL p50 {r.itl_p50_s * 1000:.1f} ms, p99 {r.itl_p99_s * 1000:.1f} ms, "
-          f"E2E {r.e2e_s:.2f} s")
+DOCS, MIN_TOKENS, MAX_TOKENS = 16, 1500, 8000
+CHAT_RATE, CHAT_SCALE = 1.0, 0.1
 
 
 def main() -> int:
+    from bench.chat_load import ChatLoadSpec
+    from bench.chat_sessions import ChatShape
+    from bench.chat_thread import ChatLoadThread
+    from flows.cli_bench import _make_corpus
+    from flows.nightly import default_pipeline, nightly_summarization
+    from scheduler.slo import SLO
+    from serving.engine_config import load_engine_config
+    from serving.launcher import ReplicaSet
+    from serving.tokenizer import tokenizer_for
+
     config = load_engine_config(CONFIG)
-    print(f"starting {config.name} on port {PORT} ...", flush=True)
-    with ReplicaSet().running(config, str(CONFIG), PORT) as replicas:
-        asyncio.run(stream_one(replicas[0].base_url, config.model.served_name))
-    print("replica stopped")
+    tokenizer = tokenizer_for(config)
+    run_id = time.strftime("demo-%Y%m%d-%H%M%S")
+    corpus = _make_corpus(RESULTS / "demo" / "corpus.parquet", DOCS, MIN_TOKENS, MAX_TOKENS, 0,
+                          tokenizer)
+    # This CPU's SLO: a few times the chat-only latency of this replica (see README, "Results").
+    slo = SLO(chat_itl_p99_ms=60.0, chat_ttft_p99_ms=1500.0, window_s=15.0)
+    print(f"corpus: {DOCS} documents of {MIN_TOKENS}-{MAX_TOKENS} tokens at {corpus}")
+    print(f"starting {config.name} on port {PORT} (about a minute) ...", flush=True)
+    with ReplicaSet(RESULTS / "engines").running(config, str(CONFIG), PORT) as started:
+        replicas = [(r.name, r.base_url) for r in started]
+        chat = ChatLoadThread(
+            replicas, config.model.served_name, tokenizer,
+            ChatLoadSpec(shape=ChatShape().scaled(CHAT_SCALE), rate=CHAT_RATE,
+                         duration_s=3600), run_id, gate_run_id=run_id).start()
+        try:
+            out = nightly_summarization(
+                corpus=str(corpus), engine_config=str(CONFIG),
+                replica_urls=[url for _, url in replicas], run_id=run_id, results=str(RESULTS),
+                policy="slo", latency_model=str(FIT), slo=slo,
+                pipeline=default_pipeline(config))
+        finally:
+            chat_result = chat.stop()
+    add_chat_and_reload(run_id, chat_result)
+    print_morning_report(run_id, out, slo)
     return 0
 
 
+def add_chat_and_reload(run_id: str, chat) -> None:
+    """The chat records join the run's own, then the run is loaded and reported again."""
+    from flows.report import write_report
+    from warehouse.load import load_results
+    from warehouse.run_files import run_dir, write_table
+
+    directory = run_dir(RESULTS, run_id)
+    write_table(directory, "requests", [r.row() for r in chat.records], run_id=run_id,
+                part="chat")
+    write_table(directory, "token_gaps",
+                [{"request_id": g.request_id, "idx": g.idx, "gap_s": g.gap_s, "t": g.t}
+                 for g in chat.gaps], run_id=run_id, part="chat")
+    load_results(RESULTS, [run_id])
+    write_report(RESULTS, run_id)
+
+
+def print_morning_report(run_id: str, out: dict, slo) -> None:
+    """Chat latency against the SLO, batch progress and cost, from the warehouse."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from warehouse.db import connect, db_path
+
+    db = db_path(RESULTS)
+    con = connect(db, read_only=True)
+    try:
+        latency = con.execute("SELECT * FROM class_latency WHERE run_id = ? ORDER BY class",
+                              [run_id]).fetch_df().to_dict("records")
+        goodput = con.execute("SELECT * FROM batch_goodput WHERE run_id = ?",
+                              [run_id]).fetch_df().to_dict("records")[0]
+        cost = con.execute("SELECT * FROM cost WHERE run_id = ?",
+                           [run_id]).fetch_df().to_dict("records")[0]
+    finally:
+        con.close()
+    console = Console()
+    table = Table(title=f"run {run_id}: latency (ms)")
+    for col in ("class", "requests", "TTFT p50", "p95", "p99", "ITL p50", "p95", "p99",
+                "E2E p50", "p95", "p99"):
+        table.add_column(col, justify="right")
+    for row in latency:
+        table.add_row(row["class"], str(row["requests"]), *(
+            f"{row[f'{m}_p{q}_ms']:.1f}" if row[f"{m}_p{q}_ms"] is not None else "–"
+            for m in ("ttft", "itl", "e2e") for q in (50, 95, 99)))
+    console.print(table)
+    console.print(
+        f"SLO: chat ITL p99 ≤ {slo.chat_itl_p99_ms:.0f} ms, TTFT p99 ≤ "
+        f"{slo.chat_ttft_p99_ms:.0f} ms per {slo.window_s:.0f} s window: held in "
+        f"{goodput['windows_met']} of {goodput['windows']} windows")
+    job = out["job"]
+    console.print(
+        f"batch: {job['docs_done']} documents done, {job['docs_failed']} failed; "
+        f"{goodput['batch_tokens_per_s']:,.0f} tokens/s, goodput "
+        f"{goodput['goodput_tokens_per_s']:,.0f} tokens/s, "
+        f"{goodput['documents_per_hour']:,.0f} documents/hour")
+    console.print(f"cost: ${cost['cost_usd']:.4f} for the run, "
+                  f"${cost['usd_per_1m_batch_tokens']:.3f} per 1M batch tokens, "
+                  f"${cost['usd_per_document']:.5f} per document")
+    console.print(
+        f"\nDuckDB: {db}\n"
+        f"  .venv/bin/nightshift sql \"SELECT class, ttft_p99_ms, itl_p99_ms FROM class_latency "
+        f"WHERE run_id = '{run_id}'\"\n"
+        f"  .venv/bin/nightshift sql \"SELECT window_idx, class, itl_p99_ms, slo_met FROM "
+        f"slo_windows WHERE run_id = '{run_id}' ORDER BY window_idx\"")
+    console.print(f"report: {out['report']['html']}")
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except KeyboardInterrupt:
+        print("\ninterrupted; replicas stopped", file=sys.stderr)
+        sys.exit(130)

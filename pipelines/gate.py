@@ -132,6 +132,7 @@ class GateActor:
         self._cond = asyncio.Condition()  # binds to the actor's loop on first use
         self._loop_task: asyncio.Task | None = None
         self._stopped: str | None = None
+        self._abort = False
 
     # -- permits ----------------------------------------------------------------------------
 
@@ -195,12 +196,18 @@ class GateActor:
         gateway), so the controller sees exact chat ITL and TTFT."""
         self._feed(record_row, gaps)
 
-    async def stop(self, reason: str) -> None:
+    async def stop(self, reason: str, abort: bool = False) -> None:
         """Grant nothing more, now or later: waiting and future `acquire` calls raise RunStopped.
-        Permits already granted finish normally."""
+        Permits already granted finish normally, unless `abort`: then workers, which poll
+        `aborted`, cancel their requests in flight (a deadline that must free the replica now)."""
         self._stopped = reason
+        self._abort = self._abort or abort
         async with self._cond:
             self._cond.notify_all()
+
+    async def aborted(self) -> bool:
+        """Whether requests in flight should be cancelled (see `stop`)."""
+        return self._abort
 
     async def mark_down(self, replica: str) -> None:
         """A replica died: grant nothing more there. Its permits stay until released."""

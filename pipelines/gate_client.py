@@ -23,6 +23,9 @@ class RayGateClient:
     async def mark_down(self, replica: str) -> None:
         await self._gate.mark_down.remote(replica)
 
+    async def aborted(self) -> bool:
+        return await self._gate.aborted.remote()
+
 
 class HttpClientPool:
     """One StreamingClient per replica over one shared connection pool."""

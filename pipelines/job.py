@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -50,7 +51,11 @@ class JobSpec:
     pushgateway: str | None = None
     show_progress: bool = True
     stop_after_s: float | None = None
-    """Stop granting batch seats after this long (benchmarks); unfinished documents stay to do."""
+    """Stop this long after summarizing starts (benchmarks): nothing more is granted and requests
+    in flight are cancelled, so the replicas are free at once; unfinished documents stay to do."""
+    on_summarize_start: Callable[[], None] | None = None
+    """Called once documents are tokenized and judged, just before the first permit is asked for
+    (a benchmark starts its chat load and its clock here)."""
 
 
 @dataclass
@@ -91,11 +96,14 @@ def run_job(spec: JobSpec) -> JobResult:
     ray = _init_ray()
     gate = _start_gate(spec)
     totals, problems = {"done": 0, "failed": 0, "stopped": 0, "tokens": 0}, []
-    deadline = _stop_later(gate, spec.stop_after_s)
+    deadline = None
     try:
         if todo.num_rows:
             tokenized, problems = _tokenize_and_judge(ray, todo, spec)
             store.write_rejections(problems)
+            if spec.on_summarize_start is not None:
+                spec.on_summarize_start()
+            deadline = _stop_later(gate, spec.stop_after_s)
             totals = _summarize(ray, tokenized, spec, store, gate, metrics)
         store.write_decisions(ray.get(gate.decision_rows.remote()))
     finally:
@@ -119,7 +127,8 @@ def _stop_later(gate, after_s: float | None):
         return None
     import threading
 
-    timer = threading.Timer(after_s, lambda: gate.stop.remote(f"deadline of {after_s:.0f} s"))
+    timer = threading.Timer(
+        after_s, lambda: gate.stop.remote(f"deadline of {after_s:.0f} s", abort=True))
     timer.daemon = True
     timer.start()
     return timer

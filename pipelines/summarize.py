@@ -8,6 +8,7 @@ with its reason, and the run goes on with the next one.
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -25,9 +26,11 @@ class GateClient(Protocol):
 
     async def acquire(self, doc_id: str, prompt_tokens: int, max_tokens: int) -> object: ...
 
-    async def release(self, permit_id: str, row: dict, gaps: list[dict]) -> None: ...
+    async def release(self, permit_id: str, row: dict | None, gaps: list[dict]) -> None: ...
 
     async def mark_down(self, replica: str) -> None: ...
+
+    async def aborted(self) -> bool: ...
 
 
 class ClientPool(Protocol):
@@ -70,6 +73,8 @@ class DocumentJob:
     tokenizer: Tokenizer
     kit: PromptKit
     config: PipelineConfig
+    abort: asyncio.Event = field(default_factory=asyncio.Event)
+    """Set when the run aborts: requests in flight are cancelled, their documents left to do."""
 
     async def summarize(self, doc_id: str, ids: list[int]) -> DocOutcome:
         out = DocOutcome(doc_id, prompt_tokens=len(ids))
@@ -172,7 +177,17 @@ class DocumentJob:
 
     async def _stream(self, permit, doc_id: str, prompt: list[int], stage: Stage,
                       max_tokens: int) -> Completion:
+        """Stream one request, cancelled (closing the connection, so the engine drops it too)
+        if the run aborts meanwhile."""
         client = self.clients.client(permit.base_url, permit.replica)
-        return await client.complete(prompt, max_tokens=max_tokens, cls="batch", stage=stage,
-                                     doc_id=doc_id, priority=permit.priority,
-                                     ignore_eos=self.config.ignore_eos)
+        request = asyncio.ensure_future(client.complete(
+            prompt, max_tokens=max_tokens, cls="batch", stage=stage, doc_id=doc_id,
+            priority=permit.priority, ignore_eos=self.config.ignore_eos))
+        aborted = asyncio.ensure_future(self.abort.wait())
+        await asyncio.wait({request, aborted}, return_when=asyncio.FIRST_COMPLETED)
+        aborted.cancel()
+        if request.done():
+            return request.result()
+        request.cancel()
+        await self.gate.release(permit.permit_id, None, [])
+        raise RunStopped("run aborted with the request in flight")

@@ -8,6 +8,7 @@ it to fill every seat it opens.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 
@@ -61,10 +62,21 @@ class Summarize:
             config=cfg,
         )
 
+        self._watcher = None
+
     async def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, list]:
+        if self._watcher is None:
+            self._watcher = asyncio.ensure_future(self._watch_abort())
         rows = [await self.job.summarize(str(doc_id), [int(t) for t in ids])
                 for doc_id, ids in zip(batch["doc_id"], batch["token_ids"], strict=True)]
         return {c: [outcome_row(o)[c] for o in rows] for c in OUTCOME_COLUMNS}
+
+    async def _watch_abort(self, every_s: float = 0.5) -> None:
+        """Poll the Gate so requests in flight are cancelled soon after the run aborts."""
+        while not self.job.abort.is_set():
+            if await self.job.gate.aborted():
+                self.job.abort.set()
+            await asyncio.sleep(every_s)
 
 
 def outcome_row(o: DocOutcome) -> dict:

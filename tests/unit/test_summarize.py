@@ -136,3 +136,25 @@ async def test_map_reduce_mode_never_sends_whole() -> None:
     cfg = CFG.model_copy(update={"mode": "map_reduce"})
     out = await job(gate, pool, cfg).summarize("d", list(range(100)))
     assert [r.stage for r in out.records] == ["map"]
+
+
+async def test_abort_cancels_the_request_in_flight_and_frees_its_seat() -> None:
+    import asyncio
+
+    class Slow(httpx.AsyncByteStream):
+        async def __aiter__(self):
+            await asyncio.sleep(30)
+            yield b""
+
+    class SlowPool:
+        def client(self, base_url, replica):
+            http = httpx.AsyncClient(transport=httpx.MockTransport(
+                lambda request: httpx.Response(200, stream=Slow())))
+            return StreamingClient(base_url, "m", replica=replica, http=http)
+
+    gate = FakeGate(["a"], chunk=2000)
+    doc = job(gate, SlowPool())
+    asyncio.get_running_loop().call_later(0.05, doc.abort.set)
+    out = await asyncio.wait_for(doc.summarize("d", list(range(50))), timeout=5)
+    assert out.status == "stopped" and "aborted" in out.reason
+    assert gate.released == [None]  # the seat came back without a record

@@ -1,0 +1,224 @@
+"""The side-by-side benchmark: every policy on the same replica, same chat load, same corpus.
+
+Scenarios run back to back in one invocation, because this machine (and any shared one) is too
+noisy for numbers taken at different times to be compared:
+
+- `chat-only`: the chat load alone; its latency sets the baseline (and, unless given, the SLO).
+- `uncontrolled`: batch documents at full concurrency, whole, no admission control.
+- `static`: a small sweep of fixed caps (seats × section tokens); the best that holds the SLO,
+  chosen in hindsight, is reported as `static`.
+- `controlled`: the Gate running the SLO controller.
+
+Each scenario is a run of its own under `results/runs/`, with chat and batch records side by side,
+so the warehouse and the report can compare them.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from bench.chat_load import ChatLoadSpec
+from bench.chat_thread import ChatLoadThread
+from bench.scoring import (
+    batch_throughput,
+    bound_tokens_per_s,
+    chat_decode_load,
+    chat_latency,
+    window_verdicts,
+)
+from pipelines.config import PipelineConfig
+from pipelines.job import JobSpec, run_job
+from scheduler.records import RequestRecord
+from scheduler.slo import SLO
+
+SCENARIOS = ("chat-only", "uncontrolled", "static", "controlled")
+
+
+@dataclass
+class BenchConfig:
+    """One benchmark invocation."""
+
+    engine_config: str
+    corpus: str
+    latency_model: str
+    chat: ChatLoadSpec
+    scenarios: tuple[str, ...] = SCENARIOS
+    duration_s: float = 90.0
+    slo: SLO | None = None
+    """Fixed SLO; None derives it from the chat-only run (`slo_factor` × its p99s)."""
+    slo_factor: float = 3.0
+    window_s: float = 15.0
+    static_sweep: tuple[tuple[int, int], ...] = ((1, 512), (2, 1024), (4, 2048))
+    pipeline: PipelineConfig = field(default_factory=PipelineConfig)
+    results: str = "results"
+    bench_id: str = field(default_factory=lambda: time.strftime("bench-%Y%m%d-%H%M%S"))
+
+
+@dataclass
+class ScenarioRun:
+    """What one scenario produced."""
+
+    name: str
+    run_id: str
+    t0: float
+    t1: float
+    chat: list[RequestRecord]
+    batch_rows: list[dict]
+    docs_done: int = 0
+
+
+def run_scenarios(cfg: BenchConfig, replicas: list[tuple[str, str]], model: str,
+                  tokenizer) -> dict:
+    """Run every scenario on `replicas` and return OUT.json's content."""
+    runs: dict[str, ScenarioRun] = {}
+    baseline = _chat_only(cfg, replicas, model, tokenizer)
+    slo = cfg.slo or derive_slo(baseline, cfg.slo_factor, cfg.window_s)
+    if "chat-only" in cfg.scenarios:
+        runs["chat-only"] = baseline
+    sweep: dict[str, ScenarioRun] = {}
+    for name in cfg.scenarios:
+        if name == "uncontrolled":
+            runs[name] = _with_batch(cfg, name, replicas, model, tokenizer, slo, "none")
+        elif name == "static":
+            for seats, chunk in cfg.static_sweep:
+                key = f"static-{seats}x{chunk}"
+                sweep[key] = _with_batch(cfg, key, replicas, model, tokenizer, slo, "static",
+                                         (seats, chunk))
+        elif name == "controlled":
+            runs[name] = _with_batch(cfg, name, replicas, model, tokenizer, slo, "slo")
+    scored = {name: score(run, slo) for name, run in runs.items()}
+    if sweep:
+        scored_sweep = {k: score(r, slo) for k, r in sweep.items()}
+        best = pick_static(scored_sweep)
+        scored["static"] = {**scored_sweep[best], "caps": best, "sweep": scored_sweep}
+        runs["static"] = sweep[best]
+    out = {"scenarios": scored, "slo": slo.model_dump(),
+           "run_ids": {n: r.run_id for n, r in {**runs, **sweep}.items()}}
+    out["summary"] = summarize(scored, cfg, runs.get("controlled") or baseline, slo)
+    return out
+
+
+def derive_slo(chat_only: ScenarioRun, factor: float, window_s: float) -> SLO:
+    """The SLO for this CPU: `factor` × the chat-only p99s (written into OUT.json)."""
+    lat = chat_latency(chat_only.chat)
+    itl, ttft = lat["itl_ms"]["p99"], lat["ttft_ms"]["p99"]
+    if itl is None or ttft is None:
+        raise RuntimeError("the chat-only run produced no tokens; is the replica serving?")
+    return SLO(chat_itl_p99_ms=round(itl * factor, 1), chat_ttft_p99_ms=round(ttft * factor, 1),
+               window_s=window_s)
+
+
+def score(run: ScenarioRun, slo: SLO) -> dict:
+    verdicts = window_verdicts(run.chat, run.t0, run.t1, slo)
+    chat = chat_latency(run.chat)
+    chat["slo_windows_met"] = sum(verdicts) / len(verdicts)
+    batch = batch_throughput(run.batch_rows, run.t0, run.t1, slo, verdicts)
+    return {"run_id": run.run_id, "chat": chat,
+            "batch": {**batch, "docs_done": run.docs_done}}
+
+
+def holds(s: dict) -> bool:
+    return s["chat"]["slo_windows_met"] == 1.0 and s["chat"]["errors"] == 0
+
+
+def pick_static(sweep: dict[str, dict]) -> str:
+    """The static caps with the most batch throughput among those that held the SLO in every
+    window; when none did, the one that met the most windows (reported, and flagged)."""
+    holding = [k for k, s in sweep.items() if holds(s)]
+    if holding:
+        return max(holding, key=lambda k: sweep[k]["batch"]["tokens_per_s"])
+    return max(sweep, key=lambda k: sweep[k]["chat"]["slo_windows_met"])
+
+
+def summarize(scored: dict, cfg: BenchConfig, controlled: ScenarioRun, slo: SLO) -> dict:
+    from scheduler.latency_model import LatencyModel
+
+    def batch(name: str, key: str = "tokens_per_s") -> float | None:
+        return scored[name]["batch"][key] if name in scored else None
+
+    def ratio(a: float | None, b: float | None) -> float | None:
+        return None if a is None or not b else a / b
+
+    seqs, ctx = chat_decode_load(controlled.chat, controlled.t0, controlled.t1)
+    bound = bound_tokens_per_s(LatencyModel.from_json(cfg.latency_model), slo, seqs, ctx,
+                               max_chunk=cfg.pipeline.max_model_len)
+    unc = scored.get("uncontrolled")
+    return {
+        "controlled_vs_uncontrolled_batch": ratio(batch("controlled"), batch("uncontrolled")),
+        "controlled_vs_static_batch": ratio(batch("controlled", "goodput_tokens_per_s"),
+                                            batch("static", "goodput_tokens_per_s")),
+        "uncontrolled_itl_p99_over_slo": (unc["chat"]["itl_ms"]["p99"] / slo.chat_itl_p99_ms
+                                          if unc and unc["chat"]["itl_ms"]["p99"] else None),
+        "static_held_slo": holds(scored["static"]) if "static" in scored else None,
+        "bound_tokens_per_s": bound,
+        "controlled_fraction_of_bound": ratio(batch("controlled", "goodput_tokens_per_s"), bound),
+        "chat_decode_seqs": seqs,
+        "chat_decode_context": ctx,
+    }
+
+
+def _chat_only(cfg: BenchConfig, replicas, model, tokenizer) -> ScenarioRun:
+    run_id = f"{cfg.bench_id}-chat-only"
+    t0 = time.time()
+    chat = ChatLoadThread(replicas, model, tokenizer, _chat_spec(cfg), run_id).start().join()
+    _write_chat_only(cfg, run_id, chat)
+    return ScenarioRun("chat-only", run_id, t0, t0 + cfg.duration_s, chat.records, [])
+
+
+def _with_batch(cfg: BenchConfig, name: str, replicas, model, tokenizer, slo: SLO, policy: str,
+                static_caps: tuple[int, int] = (1, 512)) -> ScenarioRun:
+    from warehouse.run_files import read_table, write_table
+
+    run_id = f"{cfg.bench_id}-{name}"
+    chat = ChatLoadThread(replicas, model, tokenizer, _chat_spec(cfg), run_id,
+                          gate_run_id=run_id)
+    started: list[float] = []
+
+    def start_chat() -> None:  # once documents are ready: batch and chat start together
+        started.append(time.time())
+        chat.start()
+
+    job = run_job(JobSpec(
+        corpus=cfg.corpus, engine_config=cfg.engine_config, replicas=replicas, run_id=run_id,
+        results=cfg.results, pipeline=cfg.pipeline, slo=slo, policy=policy,
+        latency_model=cfg.latency_model, static_caps=static_caps, interval_s=1.0,
+        sensor={"kind": "vllm", "report_ttft": False}, show_progress=False,
+        stop_after_s=cfg.duration_s, on_summarize_start=start_chat))
+    if not started:
+        raise RuntimeError(f"scenario {name}: no document to summarize in {cfg.corpus}")
+    t0 = started[0]
+    result = chat.join()
+    run_dir = job.run_dir
+    write_table(run_dir, "requests", [r.row() for r in result.records], run_id=run_id,
+                part="chat")
+    write_table(run_dir, "token_gaps", [_gap_row(g) for g in result.gaps], run_id=run_id,
+                part="chat")
+    batch_rows = [r for r in read_table(run_dir, "requests").to_pylist() if r["class"] == "batch"]
+    return ScenarioRun(name, run_id, t0, t0 + cfg.duration_s, result.records, batch_rows,
+                       job.docs_done)
+
+
+def _chat_spec(cfg: BenchConfig) -> ChatLoadSpec:
+    from dataclasses import replace
+
+    return replace(cfg.chat, duration_s=cfg.duration_s)
+
+
+def _gap_row(g) -> dict:
+    return {"request_id": g.request_id, "idx": g.idx, "gap_s": g.gap_s, "t": g.t}
+
+
+def _write_chat_only(cfg: BenchConfig, run_id: str, chat) -> None:
+    from bench.chat_results import write_run
+    from serving.engine_config import load_engine_config
+    from warehouse.run_files import run_dir
+
+    engine = load_engine_config(cfg.engine_config)
+    write_run(run_dir(cfg.results, run_id), chat, engine_config=engine.name,
+              hourly_usd=engine.hardware.hourly_usd, hardware_count=engine.hardware.count)
+
+
+def bench_paths(results: str | Path, bench_id: str) -> Path:
+    return Path(results) / "bench" / bench_id

@@ -1,0 +1,107 @@
+"""Scoring one benchmark scenario from its records. Pure: records in, figures out.
+
+Chat latency follows DESIGN §4: ITL percentiles over every token gap (token-weighted), TTFT and E2E
+over requests. A window holds the SLO when its chat ITL p99 and TTFT p99 are within target and no
+chat request failed in it; goodput counts batch tokens of requests that ended in such windows.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+
+from scheduler.latency_model import largest_chunk_within
+from scheduler.records import RequestRecord, percentile
+from scheduler.slo import SLO
+from scheduler.step import PrefillChunk, StepBatch, StepTimeModel
+
+FAILED = ("error", "timeout")  # cancelled at the end of a run is not a user-visible failure
+
+
+def quantiles_ms(values: Iterable[float]) -> dict[str, float | None]:
+    ordered = sorted(values)
+    if not ordered:
+        return {"p50": None, "p95": None, "p99": None}
+    return {f"p{q}": percentile(ordered, q) * 1000 for q in (50, 95, 99)}
+
+
+def chat_latency(chat: list[RequestRecord]) -> dict:
+    ok = [r for r in chat if r.status == "ok"]
+    return {
+        "ttft_ms": quantiles_ms(r.ttft_s for r in ok if r.ttft_s is not None),
+        "itl_ms": quantiles_ms(g.gap_s for r in chat for g in r.gaps),
+        "e2e_ms": quantiles_ms(r.e2e_s for r in ok if r.e2e_s is not None),
+        "requests": len(chat),
+        "errors": sum(r.status in FAILED for r in chat),
+    }
+
+
+def window_verdicts(chat: list[RequestRecord], t0: float, t1: float, slo: SLO) -> list[bool]:
+    """Per window of `slo.window_s` from t0: did chat hold its SLO? (No chat: held.)"""
+    n = max(1, math.ceil((t1 - t0) / slo.window_s - 1e-9))
+    gaps: list[list[float]] = [[] for _ in range(n)]
+    ttfts: list[list[float]] = [[] for _ in range(n)]
+    failed = [False] * n
+
+    def window(t: float | None) -> int | None:
+        if t is None or t < t0 or t >= t0 + n * slo.window_s:
+            return None
+        return int((t - t0) // slo.window_s)
+
+    for r in chat:
+        for g in r.gaps:
+            if (w := window(g.t)) is not None:
+                gaps[w].append(g.gap_s)
+        if r.ttft_s is not None and (w := window(r.t_first_token)) is not None:
+            ttfts[w].append(r.ttft_s)
+        if r.status in FAILED and (w := window(r.t_end)) is not None:
+            failed[w] = True
+    return [_holds(gaps[w], ttfts[w], failed[w], slo) for w in range(n)]
+
+
+def _holds(gaps: list[float], ttfts: list[float], failed: bool, slo: SLO) -> bool:
+    itl_ok = not gaps or percentile(sorted(gaps), 99) * 1000 <= slo.chat_itl_p99_ms
+    ttft_ok = not ttfts or percentile(sorted(ttfts), 99) * 1000 <= slo.chat_ttft_p99_ms
+    return itl_ok and ttft_ok and not failed
+
+
+def batch_throughput(batch_rows: list[dict], t0: float, t1: float, slo: SLO,
+                     verdicts: list[bool]) -> dict:
+    """Batch tokens (prompt + output) of requests that ended ok inside [t0, t1), per second, in
+    all windows and in windows where chat held its SLO."""
+    total = good = 0
+    for r in batch_rows:
+        end = r.get("t_end")
+        if r.get("status") != "ok" or end is None or not t0 <= end < t1:
+            continue
+        tokens = (r.get("prompt_tokens") or 0) + (r.get("output_tokens") or 0)
+        total += tokens
+        w = min(int((end - t0) // slo.window_s), len(verdicts) - 1)
+        good += tokens if verdicts[w] else 0
+    seconds = max(t1 - t0, 1e-9)
+    return {"tokens_per_s": total / seconds, "goodput_tokens_per_s": good / seconds}
+
+
+def chat_decode_load(chat: list[RequestRecord], t0: float, t1: float) -> tuple[float, float]:
+    """Mean chat sequences decoding at once (Little's law over decode time) and their mean
+    context length, over [t0, t1)."""
+    busy = [r for r in chat if r.t_first_token is not None and r.t_end is not None]
+    decode_s = sum(max(0.0, min(r.t_end, t1) - max(r.t_first_token, t0)) for r in busy)
+    seqs = decode_s / max(t1 - t0, 1e-9)
+    contexts = [r.prompt_tokens + r.output_tokens / 2 for r in busy]
+    return seqs, (sum(contexts) / len(contexts) if contexts else 0.0)
+
+
+def bound_tokens_per_s(model: StepTimeModel, slo: SLO, decode_seqs: float, context: float,
+                       max_chunk: int, prefix_tokens: int = 0) -> float:
+    """Batch prefill tokens per second that fit the ITL SLO beside the measured chat load: every
+    step carries the largest batch chunk whose predicted step time stays within the SLO, back to
+    back. An upper bound: it ignores chat prefills, which also need room in the steps."""
+    seqs = max(1, round(decode_seqs))
+    ctx = int(seqs * context)
+    chunk = largest_chunk_within(model, slo.chat_itl_p99_ms / 1000, prefix_tokens, seqs, ctx,
+                                 max_chunk)
+    if chunk <= 0:
+        return 0.0
+    step = model.step_seconds(StepBatch((PrefillChunk(chunk, prefix_tokens),), seqs, ctx))
+    return chunk / step

@@ -1,0 +1,104 @@
+"""`nightshift bench`: every admission policy side by side on the same replica, in one run."""
+
+from __future__ import annotations
+
+import json
+import shlex
+import sys
+from pathlib import Path
+
+import typer
+
+from flows.cli_engine import fail, load_config_or_exit
+
+
+def register(app: typer.Typer) -> None:
+    app.command("bench")(bench)
+
+
+def bench(
+    engine_config: Path = typer.Option(..., help="Engine config of the replica to measure."),
+    scenarios: str = typer.Option("chat-only,uncontrolled,static,controlled",
+                                  help="Comma-separated scenarios to run."),
+    duration: float = typer.Option(90.0, help="Seconds per scenario."),
+    json_out: Path = typer.Option(Path("results/bench.json"), "--json", help="OUT.json path."),
+    rate: float = typer.Option(1.5, help="Chat requests per second (Poisson)."),
+    latency_model: Path = typer.Option(
+        None, help="Fitted latency model (default engine_configs/fits/<config name>.json)."),
+    docs: int = typer.Option(60, help="Documents in the benchmark corpus."),
+    min_tokens: int = typer.Option(2000, help="Shortest document."),
+    max_tokens: int = typer.Option(12000, help="Longest document."),
+    slo_factor: float = typer.Option(3.0, help="SLO = this × the chat-only p99s, unless given."),
+    itl_slo_ms: float = typer.Option(None, help="Fixed chat ITL p99 SLO."),
+    ttft_slo_ms: float = typer.Option(None, help="Fixed chat TTFT p99 SLO."),
+    window_s: float = typer.Option(15.0, help="SLO window."),
+    scale: float = typer.Option(None, help="Chat token sizes × this (default 0.1 on a CPU)."),
+    port: int = typer.Option(8600, help="Port of the replica the benchmark starts."),
+    results: Path = typer.Option(Path("results"), help="Where runs and reports go."),
+    seed: int = typer.Option(0, help="Seed of the chat load and the corpus."),
+) -> None:
+    """Run chat-only, uncontrolled, static (best of a sweep) and controlled back to back."""
+    from bench.chat_load import ChatLoadSpec
+    from bench.chat_sessions import ChatShape
+    from bench.report import write
+    from bench.scenarios import SCENARIOS, BenchConfig, bench_paths, run_scenarios
+    from pipelines.config import PipelineConfig
+    from scheduler.slo import SLO
+    from serving.launcher import ReplicaSet
+    from serving.tokenizer import tokenizer_for
+
+    config = load_config_or_exit(engine_config)
+    chosen = tuple(s.strip() for s in scenarios.split(",") if s.strip())
+    unknown = [s for s in chosen if s not in SCENARIOS]
+    if unknown:
+        raise fail(f"unknown scenario {unknown[0]!r}; choose from {', '.join(SCENARIOS)}")
+    model_path = latency_model or Path("engine_configs/fits") / f"{config.name}.json"
+    if not model_path.is_file():
+        raise fail(f"no latency model at {model_path}: fit one with `nightshift calibrate "
+                   f"--engine-config {engine_config} --out {model_path}`")
+    slo = None
+    if itl_slo_ms is not None and ttft_slo_ms is not None:
+        slo = SLO(chat_itl_p99_ms=itl_slo_ms, chat_ttft_p99_ms=ttft_slo_ms, window_s=window_s)
+    factor = scale if scale is not None else (0.1 if config.hardware.kind == "cpu" else 1.0)
+    tokenizer = tokenizer_for(config)
+    cfg = BenchConfig(
+        engine_config=str(engine_config), corpus="", latency_model=str(model_path),
+        chat=ChatLoadSpec(shape=ChatShape().scaled(factor), rate=rate, seed=seed),
+        scenarios=chosen, duration_s=duration, slo=slo, slo_factor=slo_factor,
+        window_s=window_s, results=str(results),
+        pipeline=PipelineConfig(max_model_len=int(config.flag("max-model-len", 32768)),
+                                ignore_eos=config.model.local_name is not None,
+                                section_summary_tokens=64, final_summary_tokens=96))
+    out_dir = bench_paths(results, cfg.bench_id)
+    cfg.corpus = str(_make_corpus(out_dir / "corpus.parquet", docs, min_tokens, max_tokens, seed,
+                                  tokenizer))
+    with ReplicaSet(results / "engines").running(config, str(engine_config), port) as started:
+        replicas = [(r.name, r.base_url) for r in started]
+        out = run_scenarios(cfg, replicas, config.model.served_name, tokenizer)
+    out["bench_id"] = cfg.bench_id
+    command = shlex.join(["nightshift", *sys.argv[1:]])
+    json_out.parent.mkdir(parents=True, exist_ok=True)
+    json_out.write_text(json.dumps(out, indent=2))
+    _load(results, list(out["run_ids"].values()))
+    md, page = write(out, out_dir, command)
+    typer.echo(md.read_text())
+    typer.echo(f"OUT.json: {json_out}\nreport: {page}")
+
+
+def _make_corpus(path: Path, docs: int, lo: int, hi: int, seed: int, tokenizer) -> Path:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from pipelines.corpus_maker import CorpusSpec, make_corpus
+
+    made = make_corpus(CorpusSpec(docs=docs, min_tokens=lo, max_tokens=hi, seed=seed), tokenizer)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    pq.write_table(pa.Table.from_pylist([{"doc_id": d.doc_id, "text": d.text} for d in made]),
+                   path)
+    return path
+
+
+def _load(results: Path, run_ids: list[str]) -> None:
+    from warehouse.load import load_results
+
+    load_results(results, run_ids)

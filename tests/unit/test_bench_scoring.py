@@ -1,0 +1,72 @@
+from bench.scenarios import pick_static
+from bench.scoring import (
+    batch_throughput,
+    bound_tokens_per_s,
+    chat_decode_load,
+    chat_latency,
+    window_verdicts,
+)
+from scheduler.latency_model import LatencyModel
+from scheduler.records import RequestRecord
+from scheduler.slo import SLO
+
+SLO_10S = SLO(chat_itl_p99_ms=50, chat_ttft_p99_ms=500, window_s=10)
+
+
+def chat(t_submit: float, ttft: float, gap: float, n: int, status: str = "ok") -> RequestRecord:
+    r = RequestRecord("r", f"c{t_submit}", "chat", "chat", "a", t_submit=t_submit)
+    times = [t_submit + ttft + i * gap for i in range(n)]
+    r.finish(times, times[-1] if times else t_submit + 1)
+    r.status = status  # type: ignore[assignment]
+    r.prompt_tokens, r.output_tokens = 100, n
+    return r
+
+
+def test_latency_is_token_weighted_for_itl() -> None:
+    fast = chat(0, 0.1, 0.01, 101)  # 100 gaps of 10 ms
+    slow = chat(1, 0.1, 1.0, 2)  # 1 gap of 1 s
+    lat = chat_latency([fast, slow])
+    assert abs(lat["itl_ms"]["p50"] - 10.0) < 1e-6  # a per-request average would say ~500
+    assert abs(lat["ttft_ms"]["p50"] - 100.0) < 1e-6 and lat["errors"] == 0
+
+
+def test_windows_judge_itl_ttft_and_failures_separately() -> None:
+    records = [chat(1, 0.1, 0.01, 20),  # window 0: fine
+               chat(11, 0.1, 0.2, 5),  # window 1: ITL 200 ms breaks it
+               chat(21, 0.9, 0.01, 5),  # window 2: TTFT 900 ms breaks it
+               chat(31, 0.1, 0.01, 5, status="error")]  # window 3: a failure breaks it
+    assert window_verdicts(records, 0, 50, SLO_10S) == [True, False, False, False, True]
+
+
+def test_goodput_counts_only_windows_that_held() -> None:
+    rows = [{"status": "ok", "t_end": 5, "prompt_tokens": 900, "output_tokens": 100},
+            {"status": "ok", "t_end": 15, "prompt_tokens": 400, "output_tokens": 100},
+            {"status": "error", "t_end": 6, "prompt_tokens": 999, "output_tokens": 0},
+            {"status": "ok", "t_end": 25, "prompt_tokens": 1, "output_tokens": 1}]  # outside
+    out = batch_throughput(rows, 0, 20, SLO_10S, [True, False])
+    assert out == {"tokens_per_s": 1500 / 20, "goodput_tokens_per_s": 1000 / 20}
+
+
+def test_decode_load_is_littles_law() -> None:
+    # Two requests decoding for 5 s each within a 10 s window: one sequence on average.
+    records = [chat(0, 0.0, 0.05, 101), chat(5, 0.0, 0.05, 101)]
+    seqs, ctx = chat_decode_load(records, 0, 10)
+    assert abs(seqs - 1.0) < 1e-6 and ctx == 100 + 101 / 2
+
+
+def test_bound_shrinks_with_a_tighter_slo() -> None:
+    model = LatencyModel(s_per_token=1e-5, s_per_attention_unit=1e-8, overhead_s=0.005)
+    loose = bound_tokens_per_s(model, SLO(chat_itl_p99_ms=60), 4, 1000, 32768)
+    tight = bound_tokens_per_s(model, SLO(chat_itl_p99_ms=10), 4, 1000, 32768)
+    assert loose > tight > 0
+    assert bound_tokens_per_s(model, SLO(chat_itl_p99_ms=4), 4, 1000, 32768) == 0.0
+
+
+def scored(met: float, tps: float, errors: int = 0) -> dict:
+    return {"chat": {"slo_windows_met": met, "errors": errors}, "batch": {"tokens_per_s": tps}}
+
+
+def test_static_pick_is_the_fastest_that_held() -> None:
+    sweep = {"1x512": scored(1.0, 100), "2x1024": scored(1.0, 300), "4x2048": scored(0.5, 900)}
+    assert pick_static(sweep) == "2x1024"
+    assert pick_static({"a": scored(0.5, 9), "b": scored(0.75, 1)}) == "b"
