@@ -8,12 +8,12 @@ ENGINE_VENV := .venv-engine
 HAS_GPU := $(shell command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1 && echo yes)
 ENGINE_LOCK := $(if $(HAS_GPU),requirements/engine-gpu.txt,requirements/engine-cpu.lock)
 
-.PHONY: demo test unit lint venv engine-venv models clean-results
+.PHONY: demo test unit lint venv engine-venv models prometheus clean-results
 
 demo: venv engine-venv models
 	$(VENV)/bin/python -m flows.demo
 
-test: venv engine-venv models
+test: venv engine-venv models prometheus
 	$(VENV)/bin/python -m pytest -q
 
 unit: venv
@@ -44,6 +44,10 @@ $(ENGINE_VENV)/.installed: $(ENGINE_LOCK) pyproject.toml
 
 models: engine-venv
 	$(ENGINE_VENV)/bin/python -m serving.local_models build tiny small
+
+# The Prometheus sensor's integration test starts a real server on loopback (Debian's package).
+prometheus:
+	command -v prometheus >/dev/null || (apt-get update && apt-get install -y --no-install-recommends prometheus)
 
 clean-results:
 	rm -rf results
