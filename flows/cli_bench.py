@@ -43,6 +43,7 @@ def bench(
     from bench.report import write
     from bench.scenarios import SCENARIOS, BenchConfig, bench_paths, run_scenarios
     from pipelines.config import PipelineConfig
+    from pipelines.corpus_maker import CorpusSpec, make_corpus, write_corpus
     from scheduler.slo import SLO
     from serving.launcher import ReplicaSet
     from serving.tokenizer import tokenizer_for
@@ -70,8 +71,9 @@ def bench(
                                 ignore_eos=config.model.local_name is not None,
                                 section_summary_tokens=64, final_summary_tokens=96))
     out_dir = bench_paths(results, cfg.bench_id)
-    cfg.corpus = str(_make_corpus(out_dir / "corpus.parquet", docs, min_tokens, max_tokens, seed,
-                                  tokenizer))
+    cfg.corpus = str(write_corpus(make_corpus(
+        CorpusSpec(docs=docs, min_tokens=min_tokens, max_tokens=max_tokens, seed=seed), tokenizer),
+        out_dir / "corpus.parquet"))
     with ReplicaSet(results / "engines").running(config, str(engine_config), port) as started:
         replicas = [(r.name, r.base_url) for r in started]
         out = run_scenarios(cfg, replicas, config.model.served_name, tokenizer)
@@ -83,19 +85,6 @@ def bench(
     md, page = write(out, out_dir, command)
     typer.echo(md.read_text())
     typer.echo(f"OUT.json: {json_out}\nreport: {page}")
-
-
-def _make_corpus(path: Path, docs: int, lo: int, hi: int, seed: int, tokenizer) -> Path:
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    from pipelines.corpus_maker import CorpusSpec, make_corpus
-
-    made = make_corpus(CorpusSpec(docs=docs, min_tokens=lo, max_tokens=hi, seed=seed), tokenizer)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    pq.write_table(pa.Table.from_pylist([{"doc_id": d.doc_id, "text": d.text} for d in made]),
-                   path)
-    return path
 
 
 def _load(results: Path, run_ids: list[str]) -> None:

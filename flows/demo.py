@@ -24,8 +24,8 @@ def main() -> int:
     from bench.chat_load import ChatLoadSpec
     from bench.chat_sessions import ChatShape
     from bench.chat_thread import ChatLoadThread
-    from flows.cli_bench import _make_corpus
     from flows.nightly import default_pipeline, nightly_summarization
+    from pipelines.corpus_maker import CorpusSpec, make_corpus, write_corpus
     from scheduler.slo import SLO
     from serving.engine_config import load_engine_config
     from serving.launcher import ReplicaSet
@@ -34,8 +34,8 @@ def main() -> int:
     config = load_engine_config(CONFIG)
     tokenizer = tokenizer_for(config)
     run_id = time.strftime("demo-%Y%m%d-%H%M%S")
-    corpus = _make_corpus(RESULTS / "demo" / "corpus.parquet", DOCS, MIN_TOKENS, MAX_TOKENS, 0,
-                          tokenizer)
+    spec = CorpusSpec(docs=DOCS, min_tokens=MIN_TOKENS, max_tokens=MAX_TOKENS, seed=0)
+    corpus = write_corpus(make_corpus(spec, tokenizer), RESULTS / "demo" / "corpus.parquet")
     # This CPU's SLO: a few times the chat-only latency of this replica (see README, "Results").
     slo = SLO(chat_itl_p99_ms=60.0, chat_ttft_p99_ms=1500.0, window_s=15.0)
     print(f"corpus: {DOCS} documents of {MIN_TOKENS}-{MAX_TOKENS} tokens at {corpus}")
