@@ -74,7 +74,7 @@ def run_scenarios(cfg: BenchConfig, replicas: list[tuple[str, str]], model: str,
     """Run every scenario on `replicas` and return OUT.json's content."""
     runs: dict[str, ScenarioRun] = {}
     baseline = _chat_only(cfg, replicas, model, tokenizer)
-    slo = cfg.slo or derive_slo(baseline, cfg.slo_factor, cfg.window_s)
+    slo = cfg.slo or derive_slo(baseline.chat, cfg.slo_factor, cfg.window_s)
     if "chat-only" in cfg.scenarios:
         runs["chat-only"] = baseline
     sweep: dict[str, ScenarioRun] = {}
@@ -100,9 +100,9 @@ def run_scenarios(cfg: BenchConfig, replicas: list[tuple[str, str]], model: str,
     return out
 
 
-def derive_slo(chat_only: ScenarioRun, factor: float, window_s: float) -> SLO:
-    """The SLO for this CPU: `factor` × the chat-only p99s (written into OUT.json)."""
-    lat = chat_latency(chat_only.chat)
+def derive_slo(chat_only: list[RequestRecord], factor: float, window_s: float) -> SLO:
+    """The SLO for this CPU: `factor` × the p99s of chat alone (written into OUT.json)."""
+    lat = chat_latency(chat_only)
     itl, ttft = lat["itl_ms"]["p99"], lat["ttft_ms"]["p99"]
     if itl is None or ttft is None:
         raise RuntimeError("the chat-only run produced no tokens; is the replica serving?")

@@ -18,6 +18,9 @@ class PipelineConfig(BaseModel):
         "sections; `whole`: whole whenever it fits the replica's context; `map_reduce`: always "
         "in sections.")
     overlap_tokens: int = Field(64, ge=0, description="Tokens consecutive sections share.")
+    min_section_tokens: int = Field(
+        256, ge=1, description="Smallest section sent, even under a lower cap: below it the "
+        "fixed cost per request dominates and a long document would take thousands of requests.")
     section_summary_tokens: int = Field(96, ge=1, description="Output tokens per section summary.")
     final_summary_tokens: int = Field(192, ge=1, description="Output tokens of a document summary.")
     max_doc_tokens: int = Field(100_000, ge=1, description="Longer documents are failed, not cut.")

@@ -51,7 +51,13 @@ class PromptKit:
     @property
     def overhead(self) -> int:
         """Prompt tokens a section request adds around its section."""
-        return len(self.instruction) + len(self.section_head) + len(self.section_tail)
+        return len(self.instruction) + self.uncached_overhead
+
+    @property
+    def uncached_overhead(self) -> int:
+        """The part of `overhead` a replica prefills for every section: the instruction before it
+        is the same in every prompt and comes from the prefix cache."""
+        return len(self.section_head) + len(self.section_tail)
 
     def section(self, ids: list[int]) -> list[int]:
         return [*self.instruction, *self.section_head, *ids, *self.section_tail]

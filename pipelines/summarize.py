@@ -109,7 +109,9 @@ class DocumentJob:
         return pieces, cap
 
     def _section_cap(self, chunk_tokens: int) -> int:
-        return max(1, chunk_tokens - self.kit.overhead)
+        """Document tokens per section under a cap on the tokens a request makes the replica
+        prefill (the cached instruction is free), never below `min_section_tokens`."""
+        return max(self.config.min_section_tokens, chunk_tokens - self.kit.uncached_overhead)
 
     def _section_prompt(self, ids: list[int], start: int, chunk_tokens: int,
                         out: DocOutcome) -> tuple[list[int], Stage, int]:

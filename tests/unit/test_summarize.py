@@ -81,7 +81,7 @@ class Pool:
 
 
 CFG = PipelineConfig(max_model_len=100_000, section_summary_tokens=4, final_summary_tokens=6,
-                     overlap_tokens=10)
+                     overlap_tokens=10, min_section_tokens=50)
 
 
 def job(gate, pool, cfg=CFG) -> DocumentJob:
@@ -106,7 +106,8 @@ async def test_long_document_maps_sections_under_the_cap_then_reduces() -> None:
     for _, prompt in pool.prompts:
         assert len(prompt) <= 400 or prompt[: len(kit.instruction)] == list(kit.instruction)
     maps = [p for (_, p), st in zip(pool.prompts, stages, strict=True) if st == "map"]
-    assert all(len(p) <= 400 for p in maps)
+    uncached = [len(p) - len(kit.instruction) for p in maps]
+    assert all(n <= 400 for n in uncached)  # the cap counts what the replica must prefill
     assert all(p[: len(kit.instruction)] == list(kit.instruction) for _, p in pool.prompts)
     assert out.batch_tokens == sum(r.prompt_tokens + r.output_tokens for r in out.records)
 
@@ -158,3 +159,10 @@ async def test_abort_cancels_the_request_in_flight_and_frees_its_seat() -> None:
     out = await asyncio.wait_for(doc.summarize("d", list(range(50))), timeout=5)
     assert out.status == "stopped" and "aborted" in out.reason
     assert gate.released == [None]  # the seat came back without a record
+
+
+async def test_a_cap_below_the_minimum_section_still_makes_progress() -> None:
+    gate, pool = FakeGate(["a"], chunk=16), Pool()
+    cfg = CFG.model_copy(update={"min_section_tokens": 200})
+    out = await job(gate, pool, cfg).summarize("d", list(range(1000)))
+    assert out.status == "done" and out.sections <= 1000 // (200 - 10) + 1
