@@ -17,6 +17,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "flows.cli_simulate",
     "flows.cli_corpus",
     "flows.cli_chat_load",
+    "flows.cli_calibrate",
     "flows.cli_run",
     "flows.cli_bench",
 )

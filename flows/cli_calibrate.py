@@ -1,0 +1,225 @@
+"""`nightshift calibrate`: fit the step-latency model to a real replica and save it as JSON.
+
+Measures a running replica (`--replica-url`) or one started from the engine config for the length of
+the sweep, then prints how well the fitted model reproduces the measured steps. The saved file is
+what `nightshift simulate --latency-model` and the SLO controller read.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated
+
+import typer
+
+from flows.cli_engine import fail, load_config_or_exit
+
+if TYPE_CHECKING:
+    from scheduler.latency_model import LatencyModel
+    from serving.calibration import CalibrationResult
+    from serving.calibration_plan import SweepPlan
+    from serving.engine_config import EngineConfig
+
+FIRST_PORT = 8300
+"""Where the search for a free port starts when the command launches its own replica."""
+COEFFICIENT_HELP = {
+    "s_per_token": "a: matmul s per scheduled token",
+    "s_weight_read": "b: s to stream the weights once",
+    "s_per_attention_unit": "c: s per prefill attention unit C·(p + C/2)",
+    "s_per_context_token": "d: s per decode-context token",
+    "overhead_s": "e: fixed s per step",
+}
+
+
+def register(app: typer.Typer) -> None:
+    app.command("calibrate")(calibrate_command)
+
+
+def calibrate_command(
+    engine_config: Annotated[Path, typer.Option(help="Engine config YAML of the replica.")],
+    out: Annotated[Path, typer.Option(help="Where to write the fitted model (JSON).")],
+    replica_url: Annotated[
+        str | None,
+        typer.Option(
+            help="Measure this running replica (otherwise idle: other traffic shares its steps) "
+            "instead of starting one from the config."
+        ),
+    ] = None,
+    quick: Annotated[
+        bool, typer.Option(help="A small sweep (~10 s on cpu-tiny), for tests.")
+    ] = False,
+    port: Annotated[
+        int | None,
+        typer.Option(help=f"Port of the started replica (default: first free from {FIRST_PORT})."),
+    ] = None,
+    repeats: Annotated[
+        int | None,
+        typer.Option(
+            min=1, help="Runs of every shape (default 3, --quick 4); more on a busy host."
+        ),
+    ] = None,
+    seed: Annotated[int, typer.Option(help="Seed of the random prompts.")] = 0,
+    state_dir: Annotated[
+        Path, typer.Option(help="Replica logs and state of the started replica.")
+    ] = Path("results/engines"),
+    start_timeout: Annotated[float, typer.Option(help="Seconds to wait for the replica.")] = 300.0,
+) -> None:
+    """Time engine steps across decode batches, contexts and prefill positions; fit and save."""
+    from serving.calibration import save
+    from serving.calibration_plan import CalibrationError
+
+    config = load_config_or_exit(engine_config)
+    try:
+        plan = _plan(config, quick, repeats)
+        _echo_plan(plan)
+        if replica_url is not None:
+            _check_replica(replica_url, config.model.served_name)
+            result = _measure(replica_url, config, plan, seed)
+        else:
+            result = _measure_own_replica(
+                config, engine_config, plan, seed, port, state_dir, start_timeout
+            )
+    except CalibrationError as exc:
+        raise fail(str(exc)) from None
+    provenance = {
+        "engine_config": config.name,
+        "engine_config_path": str(engine_config),
+        "replica": replica_url or "started by calibrate",
+        "sweep": {"name": "quick" if quick else "full", **dataclasses.asdict(plan.sweep)},
+    }
+    save(result, out, provenance)
+    _echo_result(config.name, result)
+    typer.echo(f"wrote {out}")
+
+
+def _plan(config: EngineConfig, quick: bool, repeats: int | None) -> SweepPlan:
+    from serving.calibration_plan import QUICK, SweepConfig, engine_limits, plan_sweep
+
+    sweep = QUICK if quick else SweepConfig()
+    if repeats is not None:
+        sweep = dataclasses.replace(sweep, repeats=repeats)
+    return plan_sweep(engine_limits(config, _kv_capacity(config)), sweep)
+
+
+def _kv_capacity(config: EngineConfig) -> int | None:
+    """The simulator's KV pool size for this config; None when the config names no model spec."""
+    from flows.cli_simulate import SimulateError, kv_capacity
+    from scheduler.specs import SpecError
+
+    try:
+        return kv_capacity(config)
+    except (SimulateError, SpecError):
+        return None
+
+
+def _prior(config: EngineConfig) -> LatencyModel | None:
+    """The roofline prior on GPUs: it fills in terms a sweep cannot excite; CPUs have none."""
+    if config.hardware.kind != "gpu" or config.hardware.gpu_type is None or not config.model.spec:
+        return None
+    from flows.cli_simulate import step_model
+
+    return step_model(config, None)
+
+
+def _measure(url: str, config: EngineConfig, plan: SweepPlan, seed: int) -> CalibrationResult:
+    from serving.calibration import calibrate, prompt_vocab
+
+    start = time.monotonic()
+
+    def progress(message: str) -> None:
+        typer.echo(f"  [{time.monotonic() - start:4.0f} s] {message}", err=True)
+
+    return asyncio.run(
+        calibrate(url, config.model.served_name, plan, prompt_vocab(config), _prior(config),
+                  seed, progress)
+    )  # fmt: skip
+
+
+def _measure_own_replica(
+    config: EngineConfig,
+    config_path: Path,
+    plan: SweepPlan,
+    seed: int,
+    port: int | None,
+    state_dir: Path,
+    timeout_s: float,
+) -> CalibrationResult:
+    from serving.launcher import EngineStartError, ReplicaSet
+    from serving.paths import SetupError
+
+    port = port if port is not None else _free_port()
+    typer.echo(f"starting {config.name} on port {port} (stopped when calibration ends)", err=True)
+    try:
+        with ReplicaSet(state_dir).running(
+            config, str(config_path), port, timeout_s=timeout_s
+        ) as started:
+            return _measure(started[0].base_url, config, plan, seed)
+    except (SetupError, EngineStartError) as exc:
+        raise fail(str(exc)) from None
+
+
+def _free_port() -> int:
+    from serving.launcher import port_in_use
+
+    for port in range(FIRST_PORT, FIRST_PORT + 100):
+        if not port_in_use("127.0.0.1", port):
+            return port
+    raise fail(f"no free port in {FIRST_PORT}-{FIRST_PORT + 99}; pass --port")
+
+
+def _check_replica(url: str, served_name: str) -> None:
+    """Fail early, and say how to fix it, when the URL answers nothing or serves another model."""
+    import httpx
+
+    try:
+        models = httpx.get(f"{url.rstrip('/')}/v1/models", timeout=10.0).json()
+    except (httpx.HTTPError, ValueError) as exc:
+        raise fail(
+            f"no replica answers at {url} ({exc}); start one with `nightshift engine up CONFIG "
+            "--port N` or leave out --replica-url to let calibrate start one"
+        ) from None
+    served = [m.get("id") for m in models.get("data", [])]
+    if served_name not in served:
+        raise fail(
+            f"replica {url} serves {served}, not {served_name!r} of the engine config; "
+            "pass the config this replica was started from"
+        )
+
+
+def _echo_plan(plan: SweepPlan) -> None:
+    chunks = sum(len(g.sizes) for g in plan.chunks)
+    typer.echo(
+        f"sweep: {len(plan.decode)} decode shapes and {chunks} chunk shapes "
+        f"({len(plan.chunks)} prefix groups), {plan.sweep.repeats} runs each",
+        err=True,
+    )
+    for note in plan.skipped:
+        typer.echo(f"  skipped {note}", err=True)
+
+
+def _echo_result(name: str, result: CalibrationResult) -> None:
+    r, load = result.report, result.host_load
+    typer.echo(
+        f"{name}: {r.samples + len(result.stalled)} engine steps timed in {result.wall_s:.0f} s "
+        f"(host load {load['before']:.1f} -> {load['after']:.1f} on {load['cpus']} CPUs); "
+        f"fitted to {r.samples}"
+    )
+    typer.echo(
+        f"fit error: mean {r.mean_abs_pct_error:.1f}%  p90 {r.p90_abs_pct_error:.1f}%  "
+        f"max {r.max_abs_pct_error:.1f}%  R² {r.r2:.3f}"
+    )
+    typer.echo("coefficients:")
+    for key, value in result.model.coefficients().items():
+        typer.echo(f"  {key:<22} {value:.4g}   {COEFFICIENT_HELP[key]}")
+    for note in result.notes:
+        typer.echo(f"note: {note}")
+    if max(load["before"], load["after"]) > (load["cpus"] or 1):
+        typer.secho(
+            "warning: the host was busier than its CPU count; measured steps include time "
+            "other processes took. Rerun on a quieter host for a cleaner fit.",
+            err=True,
+            fg="yellow",
+        )
