@@ -59,6 +59,8 @@ ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 @pytest.fixture(scope="module", autouse=True)
 def ray_local():
+    if ray.is_initialized():  # a pipeline test earlier in the session left its local Ray up
+        ray.shutdown()
     ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False)
     yield
     ray.shutdown()
