@@ -172,21 +172,12 @@ def _free_port() -> int:
 
 def _check_replica(url: str, served_name: str) -> None:
     """Fail early, and say how to fix it, when the URL answers nothing or serves another model."""
-    import httpx
+    from flows.replicas import ReplicaUnreachable, check_replica
 
     try:
-        models = httpx.get(f"{url.rstrip('/')}/v1/models", timeout=10.0).json()
-    except (httpx.HTTPError, ValueError) as exc:
-        raise fail(
-            f"no replica answers at {url} ({exc}); start one with `nightshift engine up CONFIG "
-            "--port N` or leave out --replica-url to let calibrate start one"
-        ) from None
-    served = [m.get("id") for m in models.get("data", [])]
-    if served_name not in served:
-        raise fail(
-            f"replica {url} serves {served}, not {served_name!r} of the engine config; "
-            "pass the config this replica was started from"
-        )
+        check_replica(url, served_name)
+    except ReplicaUnreachable as exc:
+        raise fail(str(exc)) from None
 
 
 def _echo_plan(plan: SweepPlan) -> None:

@@ -432,7 +432,7 @@ def test_unreachable_replica_is_a_clear_error(tmp_path: Path) -> None:
         "http://127.0.0.1:9",
     )
     assert result.exit_code == 2
-    assert "no replica answers" in result.output and "nightshift engine up" in result.output
+    assert "not reachable" in result.output and "nightshift engine up" in result.output
     assert not (tmp_path / "x.json").exists()
 
 
