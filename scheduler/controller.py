@@ -5,14 +5,19 @@ One `decide(observation)` per replica every few seconds. Reading top to bottom:
 1. Fail safe. An observation the sensor could not take (`fresh=False`) pauses batch: the controller
    never runs blind. A fresh observation after more than `stale_after_s` without one restarts the
    replica from the conservative cold-start caps, since whatever was learnt before is out of date.
-2. Feedback. The measured window p99 ITL (or step-time p99) and TTFT p99 against the SLO: a violation
-   cuts caps multiplicatively at once, slack grows them additively and only after a streak of slack
-   windows and a cool-down since the last cut, anything in between holds (hysteresis).
+2. Feedback. The measured window p99 ITL (or step-time p99) and TTFT p99 against the SLO: a p99 past
+   `cut_fraction × SLO` cuts caps multiplicatively at once, slack grows them additively and only
+   after a streak of slack windows and a cool-down since the last cut, anything in between holds
+   (hysteresis).
 3. KV guard. A preemption in the window cuts seats and pauses; otherwise seats are limited to what
    fits under the KV high-water mark counting prompts admitted but not yet prefilled.
-4. Feed-forward. The chunk is the largest whose predicted step, at the deepest prefill position in
-   flight and with the current decode load, fits `chat_itl_p99 × headroom`. Late in an 80k document
-   attention dominates and the chunk comes out smaller than at its start.
+4. Feed-forward (scheduler/feed_forward.py). The chunk is the largest whose predicted steps, at the
+   deepest prefill position in flight and with the current decode load, fit `chat_itl_p99 ×
+   headroom`: late in an 80k document attention dominates and the chunk comes out smaller than at
+   its start. When the engine's step size is known, batch prompt tokens in flight are also held to
+   what the engine prefills in `ttft_block_fraction` of the TTFT SLO, since a chat arriving behind
+   them waits for all of them; this sizes map-reduce sections and stops seats that free together
+   from starting a train of prefills.
 
 State is kept per replica, keyed by `Observation.replica`, so one controller object serves a whole
 fleet (the Gate holds one per run; the simulator one per scenario). The controller reads no clock:
@@ -21,21 +26,25 @@ all time is `Observation.t`, virtual or wall, and decisions cost tens of microse
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from scheduler import feedback, kv_guard
+from scheduler import feed_forward, feedback, kv_guard
 from scheduler.admission import Decision, Observation
+from scheduler.feed_forward import Load
 from scheduler.feedback import Verdict
-from scheduler.latency_model import largest_chunk_within
 from scheduler.slo import SLO
-from scheduler.step import PrefillChunk, StepBatch, StepTimeModel
+from scheduler.step import StepTimeModel
 
 
 class ControllerConfig(BaseModel):
     """Tuning of the SLO controller. Defaults suit a GPU replica with a 50 ms ITL SLO and a decision
-    every few seconds; a CPU replica wants smaller chunk bounds."""
+    every few seconds; a CPU replica wants smaller chunk bounds. Set `engine_step_tokens` from the
+    engine config (`engine_step_tokens(flags)`) so batch prompts are priced as the engine runs them.
+    """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -60,10 +69,16 @@ class ControllerConfig(BaseModel):
     cut_factor: float = Field(
         0.5, gt=0, lt=1, description="Multiplicative decrease on a violation."
     )
+    cut_fraction: float = Field(
+        0.9, gt=0, le=1, description="A window p99 above this × SLO is acted on as a violation."
+    )
     seat_growth: int = Field(1, ge=1, description="Seats added per growth step.")
     chunk_growth_tokens: int = Field(256, ge=1, description="Chunk tokens added per growth step.")
-    slack_fraction: float = Field(
-        0.7, gt=0, lt=1, description="p99 below this × SLO counts as slack."
+    itl_slack_fraction: float = Field(
+        0.72, gt=0, lt=1, description="ITL p99 below this × SLO counts as slack."
+    )
+    ttft_slack_fraction: float = Field(
+        0.7, gt=0, lt=1, description="TTFT p99 below this × SLO counts as slack."
     )
     grow_after_slack: int = Field(2, ge=1, description="Consecutive slack windows needed to grow.")
     cooldown_s: float = Field(10.0, ge=0, description="No growth this long after a cut.")
@@ -74,9 +89,27 @@ class ControllerConfig(BaseModel):
         512, ge=0, description="KV a batch request adds by decoding."
     )
     stale_after_s: float = Field(15.0, gt=0, description="Longest gap between fresh observations.")
+    engine_step_tokens: int | None = Field(
+        None,
+        ge=1,
+        description="Most prompt tokens the engine prefills for one request in one step; None "
+        "prices a whole batch prompt as one step and leaves the TTFT allowance off.",
+    )
+    ttft_block_fraction: float = Field(
+        0.25,
+        gt=0,
+        le=1,
+        description="Share of the TTFT SLO a chat may wait behind batch prefills in flight.",
+    )
 
     @model_validator(mode="after")
     def _bounds_are_ordered(self) -> ControllerConfig:
+        slack = max(self.itl_slack_fraction, self.ttft_slack_fraction)
+        if slack >= self.cut_fraction:
+            raise ValueError(
+                f"need itl_slack_fraction and ttft_slack_fraction below cut_fraction "
+                f"({self.cut_fraction}), got {slack}: the hold band between them keeps caps steady"
+            )
         if not self.min_seats <= self.cold_start_seats <= self.max_seats:
             raise ValueError(
                 f"need min_seats <= cold_start_seats <= max_seats, got {self.min_seats}, "
@@ -90,6 +123,17 @@ class ControllerConfig(BaseModel):
         return self
 
 
+def engine_step_tokens(flags: Mapping[str, Any]) -> int | None:
+    """`ControllerConfig.engine_step_tokens` from an engine config's `vllm:` flags (dash form): the
+    long-prefill threshold when set below the step budget, else the budget; None when chunked
+    prefill is off (a prompt then goes in one step) or the budget is not set."""
+    budget = flags.get("max-num-batched-tokens")
+    if budget is None or flags.get("enable-chunked-prefill") is False:
+        return None
+    threshold = flags.get("long-prefill-token-threshold") or 0
+    return int(min(budget, threshold) if 0 < threshold else budget)
+
+
 @dataclass
 class ReplicaState:
     """What the controller remembers about one replica between decisions."""
@@ -100,16 +144,6 @@ class ReplicaState:
     last_cut_t: float | None = None
     last_fresh_t: float | None = None
     last_chunk: int = 0
-
-
-@dataclass(frozen=True, slots=True)
-class _Load:
-    """The decode load and the deepest prefill position a new chunk would share a step with."""
-
-    decode_seqs: int
-    decode_context_tokens: int
-    prefix_tokens: int
-    batch_in_flight: int
 
 
 class SLOController:
@@ -136,14 +170,18 @@ class SLOController:
         if cold and reason == Verdict.HOLD:
             reason = "cold-start"  # a violation seen at once still cuts the cold-start caps
         state.last_fresh_t = obs.t
-        load = _load_of(obs)
+        load = feed_forward.load_of(obs)
         seats, pause, reason = self._guard_kv(state, obs, load, reason)
         chunk = self._chunk(state, load)
         if chunk < cfg.min_chunk_tokens:
             pause, reason, chunk = True, "over-budget", cfg.min_chunk_tokens
+        elif not pause:
+            seats, pause, reason = self._guard_prefill_queue(seats, load, chunk, reason)
         state.last_chunk = chunk
-        step_ms = self._predict_ms(load, 0 if pause else chunk)
-        return Decision(seats, chunk, pause=pause, reason=reason, predicted_step_ms=step_ms)
+        step_s = feed_forward.step_seconds(
+            self.model, load, 0 if pause else chunk, cfg.engine_step_tokens
+        )
+        return Decision(seats, chunk, pause=pause, reason=reason, predicted_step_ms=1000 * step_s)
 
     def is_stale(self, replica: str, t: float) -> bool:
         """True when `replica` has had no fresh observation for `stale_after_s` before `t`; the Gate
@@ -171,13 +209,12 @@ class SLOController:
     def _apply_feedback(self, state: ReplicaState, obs: Observation, may_grow: bool) -> str:
         """Act on the window's verdict; returns the reason word for the decision."""
         cfg = self.config
-        itl = feedback.observed_itl(obs.chat_itl_p99_s, obs.step_samples_s)
         v = feedback.verdict(
-            itl,
+            feedback.observed_itl(obs.chat_itl_p99_s, obs.step_samples_s),
             obs.chat_ttft_p99_s,
             self.slo.chat_itl_p99_ms / 1000,
             self.slo.chat_ttft_p99_ms / 1000,
-            cfg.slack_fraction,
+            feedback.Bands(cfg.itl_slack_fraction, cfg.ttft_slack_fraction, cfg.cut_fraction),
         )
         if v is Verdict.ITL_VIOLATION:
             self._cut(state, obs.t, chunk_too=True)
@@ -195,8 +232,11 @@ class SLOController:
         TTFT suffers from chat queueing behind batch, which fewer seats relieve."""
         cfg = self.config
         state.seats = feedback.cut(state.seats, cfg.cut_factor, cfg.min_seats)
-        if chunk_too:
-            used = min(state.chunk_cap, state.last_chunk or state.chunk_cap)
+        used = min(state.chunk_cap, state.last_chunk or state.chunk_cap)
+        # A prompt longer than one engine step is prefilled in steps of that size: shortening it
+        # relieves no step (and in map-reduce lengthens the reduce prompt), so it keeps its size.
+        one_step = cfg.engine_step_tokens is None or used <= cfg.engine_step_tokens
+        if chunk_too and one_step:
             g = cfg.chunk_granularity
             state.chunk_cap = feedback.cut(used, cfg.cut_factor, cfg.min_chunk_tokens, g)
         state.slack_streak = 0
@@ -224,7 +264,7 @@ class SLOController:
     # -- 3. KV guard ----------------------------------------------------------------------------
 
     def _guard_kv(
-        self, state: ReplicaState, obs: Observation, load: _Load, reason: str
+        self, state: ReplicaState, obs: Observation, load: Load, reason: str
     ) -> tuple[int, bool, str]:
         """Seats allowed by the KV guard, whether to pause, and the reason that binds."""
         cfg = self.config
@@ -250,38 +290,43 @@ class SLOController:
 
     # -- 4. feed-forward ------------------------------------------------------------------------
 
-    def _chunk(self, state: ReplicaState, load: _Load) -> int:
-        """The feedback cap, further limited by what the latency model says fits the budget."""
+    def _chunk(self, state: ReplicaState, load: Load) -> int:
+        """The feedback cap, further limited by what fits the ITL budget and the TTFT allowance."""
         cfg = self.config
-        fits = largest_chunk_within(
+        fits = feed_forward.largest_prompt_within(
             self.model,
             self.slo.chat_itl_p99_ms / 1000 * cfg.headroom,
-            load.prefix_tokens,
-            load.decode_seqs,
-            load.decode_context_tokens,
+            load,
             min(state.chunk_cap, cfg.max_chunk_tokens),
             cfg.chunk_granularity,
+            cfg.engine_step_tokens,
         )
-        return min(state.chunk_cap, fits)
+        allowance = self._prefill_allowance(load)
+        if allowance is None:
+            return fits
+        g = cfg.chunk_granularity
+        return min(fits, max(g, allowance // g * g))
 
-    def _predict_ms(self, load: _Load, chunk: int) -> float:
-        prefills = (PrefillChunk(chunk, load.prefix_tokens),) if chunk else ()
-        batch = StepBatch(prefills, load.decode_seqs, load.decode_context_tokens)
-        return self.model.step_seconds(batch) * 1000
+    def _prefill_allowance(self, load: Load) -> int | None:
+        wait_s = self.slo.chat_ttft_p99_ms / 1000 * self.config.ttft_block_fraction
+        return feed_forward.prefill_allowance(
+            self.model, load, wait_s, self.config.engine_step_tokens
+        )
 
-
-def _load_of(obs: Observation) -> _Load:
-    """Chat decodes plus batch requests past their prefill decode in every step; the deepest
-    unfinished batch prefill is where the next chunk's attention is computed."""
-    decoding = [b for b in obs.batch_in_flight if b.prefill_remaining == 0]
-    prefilling = [b.prefilled_tokens for b in obs.batch_in_flight if b.prefill_remaining > 0]
-    return _Load(
-        decode_seqs=obs.chat_decoding + len(decoding),
-        decode_context_tokens=obs.chat_decode_context_tokens
-        + sum(b.prompt_tokens for b in decoding),
-        prefix_tokens=max(prefilling, default=0),
-        batch_in_flight=len(obs.batch_in_flight),
-    )
+    def _guard_prefill_queue(
+        self, seats: int, load: Load, chunk: int, reason: str
+    ) -> tuple[int, bool, str]:
+        """Admit only the prompts whose prefill fits the allowance beside what is already queued:
+        seats freed together, or a pause ending, would otherwise start a train of prefills at once.
+        With no room left, refilling the seats that free up would lengthen the train too: pause."""
+        allowance = self._prefill_allowance(load)
+        if allowance is None:
+            return seats, False, reason
+        room = max(0, allowance - load.prefill_pending) // chunk
+        if room == 0:
+            return min(seats, load.batch_in_flight), True, "ttft-guard"
+        allowed = load.batch_in_flight + room
+        return (allowed, False, "ttft-guard") if allowed < seats else (seats, False, reason)
 
 
 def _seat_kv_tokens(obs: Observation, state: ReplicaState, output_tokens: int) -> int:

@@ -8,6 +8,7 @@ increase) that acts on them. It holds no state: the controller owns the per-repl
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from enum import StrEnum
 
 from scheduler.records import percentile
@@ -34,22 +35,40 @@ def observed_itl(chat_itl_p99_s: float | None, step_samples_s: tuple[float, ...]
     return None
 
 
+@dataclass(frozen=True, slots=True)
+class Bands:
+    """Where a window p99, as a fraction of its SLO, stops being slack and starts being acted on.
+
+    Between a slack fraction and `cut` lies the hold band that keeps a loop sitting near its
+    operating point from oscillating. `cut` sits below 1 because the SLO is judged over windows
+    longer than the controller's: acting only once a short window breaks it leaves the long one
+    broken. ITL and TTFT get their own slack fractions because chat alone already spends most of
+    the ITL budget (every step is as long as the engine's step budget allows) but rarely most of
+    the TTFT budget."""
+
+    itl_slack: float = 0.7
+    """ITL p99 below this × SLO is slack."""
+    ttft_slack: float = 0.7
+    """TTFT p99 below this × SLO is slack."""
+    cut: float = 1.0
+    """Either p99 above this × its SLO is a violation."""
+
+
 def verdict(
     itl_s: float | None,
     ttft_s: float | None,
     itl_slo_s: float,
     ttft_slo_s: float,
-    slack_fraction: float,
+    bands: Bands,
 ) -> Verdict:
     """Classify a window. A missing measurement (no chat, no samples) is no evidence of harm and
-    counts as slack for that signal; between `slack_fraction × SLO` and the SLO is the hold band
-    that keeps a loop sitting near its operating point from oscillating."""
-    if itl_s is not None and itl_s > itl_slo_s:
+    counts as slack for that signal."""
+    if itl_s is not None and itl_s > bands.cut * itl_slo_s:
         return Verdict.ITL_VIOLATION
-    if ttft_s is not None and ttft_s > ttft_slo_s:
+    if ttft_s is not None and ttft_s > bands.cut * ttft_slo_s:
         return Verdict.TTFT_VIOLATION
-    itl_slack = itl_s is None or itl_s < slack_fraction * itl_slo_s
-    ttft_slack = ttft_s is None or ttft_s < slack_fraction * ttft_slo_s
+    itl_slack = itl_s is None or itl_s < bands.itl_slack * itl_slo_s
+    ttft_slack = ttft_s is None or ttft_s < bands.ttft_slack * ttft_slo_s
     return Verdict.SLACK if itl_slack and ttft_slack else Verdict.HOLD
 
 

@@ -5,8 +5,9 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
+from scheduler import feed_forward
 from scheduler.admission import BatchInFlight, Observation
-from scheduler.controller import ControllerConfig, SLOController
+from scheduler.controller import ControllerConfig, SLOController, engine_step_tokens
 from scheduler.latency_model import LatencyModel, largest_chunk_within, roofline_model
 from scheduler.slo import SLO
 
@@ -242,3 +243,69 @@ def test_config_errors_name_the_fields():
         ControllerConfig(max_chunk_tokens=128, cold_start_chunk_tokens=512)
     with pytest.raises(ValidationError, match="headroom"):
         ControllerConfig(headroom=1.5)
+
+
+# -- engine step, TTFT allowance and the refined bands ------------------------------------------
+
+ENGINE_STEP = 256
+STEPPED = ControllerConfig(
+    engine_step_tokens=ENGINE_STEP, min_chunk_tokens=1024, cold_start_chunk_tokens=4096
+)
+
+
+def test_engine_step_tokens_reads_the_engine_flags():
+    assert engine_step_tokens({"max-num-batched-tokens": 272}) == 272
+    flags = {"max-num-batched-tokens": 512, "long-prefill-token-threshold": 128}
+    assert engine_step_tokens(flags) == 128
+    assert engine_step_tokens({**flags, "long-prefill-token-threshold": 0}) == 512
+    assert engine_step_tokens({**flags, "enable-chunked-prefill": False}) is None
+    assert engine_step_tokens({}) is None
+
+
+def test_a_prompt_longer_than_one_engine_step_is_priced_one_step_at_a_time():
+    o = Observation(t=0.0, replica="r0", chat_decoding=30, chat_decode_context_tokens=90_000)
+    whole = SLOController(SLO_50, MODEL, ControllerConfig(cold_start_chunk_tokens=4096)).decide(o)
+    stepped = SLOController(SLO_50, MODEL, STEPPED).decide(o)
+    assert whole.chunk_tokens < 4096  # one 4096-token step would not fit 40 ms
+    assert stepped.chunk_tokens > whole.chunk_tokens and not stepped.pause
+    assert stepped.predicted_step_ms <= 50 * STEPPED.headroom
+
+
+def test_batch_prefill_in_flight_beyond_the_ttft_allowance_pauses():
+    c = SLOController(SLO_50, MODEL, STEPPED)
+    queued = (BatchInFlight(4096, 0), BatchInFlight(4096, 0), BatchInFlight(4096, 4096))
+    o = Observation(t=0.0, replica="r0", chat_itl_p99_s=0.02, batch_in_flight=queued)
+    d = c.decide(o)  # 8k prompt tokens queued: a chat arriving now would wait ~2 s behind them
+    assert d.pause and d.reason == "ttft-guard" and d.batch_seats <= 3
+
+
+def test_the_ttft_allowance_admits_only_the_prompts_that_fit():
+    c = SLOController(SLO_50, MODEL, STEPPED.model_copy(update={"cold_start_seats": 8}))
+    o = Observation(t=0.0, replica="r0", chat_itl_p99_s=0.02, batch_in_flight=batch(2))
+    d = c.decide(o)
+    assert not d.pause and d.reason == "ttft-guard"
+    allowance = feed_forward.prefill_allowance(MODEL, feed_forward.load_of(o), 0.25, ENGINE_STEP)
+    new = d.batch_seats - 2
+    assert 0 < new < 6  # some new prompts, not a train of six at once
+    assert new * d.chunk_tokens <= allowance < (new + 1) * d.chunk_tokens
+
+
+def test_a_p99_near_the_slo_already_counts_as_a_violation():
+    c = grown()
+    seats = c.states["r0"].seats
+    d = c.decide(obs(after(c), in_flight=seats, chat_itl_p99_s=0.047))  # 0.94 × SLO
+    assert d.reason == "itl-violation" and d.batch_seats < seats
+
+
+def test_an_itl_cut_keeps_a_chunk_longer_than_one_engine_step():
+    c = SLOController(SLO_50, MODEL, STEPPED)
+    c.decide(obs(0.0, in_flight=1, chat_itl_p99_s=0.02))
+    chunk = c.states["r0"].chunk_cap
+    assert chunk > ENGINE_STEP
+    c.decide(obs(5.0, in_flight=1, chat_itl_p99_s=0.08))
+    assert c.states["r0"].chunk_cap == chunk  # shorter sections would relieve no step
+
+
+def test_slack_bands_must_sit_below_the_cut():
+    with pytest.raises(ValidationError, match="cut_fraction"):
+        ControllerConfig(ttft_slack_fraction=0.95)

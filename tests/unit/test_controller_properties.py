@@ -5,6 +5,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from scheduler import feed_forward
 from scheduler.admission import BatchInFlight, Observation
 from scheduler.controller import ControllerConfig, SLOController
 from scheduler.latency_model import LatencyModel
@@ -29,6 +30,7 @@ REASONS = {
     "preemption",
     "stale-pause",
     "over-budget",
+    "ttft-guard",
 }
 
 signals = st.fixed_dictionaries(
@@ -174,3 +176,19 @@ def test_closed_loop_settles_instead_of_oscillating():
     assert len({(s, ch) for s, ch, _ in tail}) == 1
     assert all(itl <= 0.050 for _, _, itl in tail)
     assert tail[-1][0] > CFG.cold_start_seats  # it did use the room there was
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.tuples(st.floats(0.5, 10.0), fresh_signals), min_size=1, max_size=30))
+def test_new_batch_prompts_never_queue_chat_past_the_ttft_allowance(seq):
+    cfg = CFG.model_copy(update={"engine_step_tokens": 256})
+    c = SLOController(SLO_50, MODEL, cfg)
+    for o, d in run(c, seq):
+        assert d.reason in REASONS
+        if d.pause:
+            continue
+        load = feed_forward.load_of(o)
+        wait_s = SLO_50.chat_ttft_p99_ms / 1000 * cfg.ttft_block_fraction
+        allowance = feed_forward.prefill_allowance(MODEL, load, wait_s, 256)
+        new = max(0, d.batch_seats - len(o.batch_in_flight))
+        assert load.prefill_pending + new * d.chunk_tokens <= allowance

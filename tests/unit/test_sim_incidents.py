@@ -52,6 +52,9 @@ def test_80k_documents_without_chunked_prefill_push_chat_itl_p99_up_10x(chat_onl
 
 
 def test_chunked_prefill_with_a_small_budget_keeps_chat_itl_p99_within_1_5x(chat_only_itl_p99):
-    mixed = run(["max-num-batched-tokens=256"], {"rate": 5.0}, batch_docs=10)
+    # The profile's own budget (272) is sized for chat alone: full 272-token steps of an 80k prompt
+    # late in the document add ~25 ms of attention each (~1.6x chat-only). Without an admission
+    # controller to shrink those chunks, the engine-wide budget must be smaller still.
+    mixed = run(["max-num-batched-tokens=192"], {"rate": 5.0}, batch_docs=10)
     assert mixed["chat"]["itl_ms"]["p99"] <= 1.5 * chat_only_itl_p99
     assert mixed["batch"]["docs_done"] > 0  # batch did run beside chat
