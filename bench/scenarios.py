@@ -10,7 +10,9 @@ noisy for numbers taken at different times to be compared:
 - `controlled`: the Gate running the SLO controller.
 
 Each scenario is a run of its own under `results/runs/`, with chat and batch records side by side,
-so the warehouse and the report can compare them.
+so the warehouse and the report can compare them. Chat ITL is judged from the engine's own
+histogram, scraped every second through the scenario (bench/engine_itl.py says why); the client's
+streamed gaps are reported beside it.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from pathlib import Path
 
 from bench.chat_load import ChatLoadSpec
 from bench.chat_thread import ChatLoadThread
+from bench.engine_itl import EngineItlRecorder, EngineItlSeries
 from bench.scoring import (
     batch_throughput,
     bound_tokens_per_s,
@@ -67,6 +70,8 @@ class ScenarioRun:
     chat: list[RequestRecord]
     batch_rows: list[dict]
     docs_done: int = 0
+    engine_itl: EngineItlSeries | None = None
+    """The replicas' ITL histograms through the scenario; None judges ITL by the client's gaps."""
 
 
 def run_scenarios(cfg: BenchConfig, replicas: list[tuple[str, str]], model: str,
@@ -74,7 +79,7 @@ def run_scenarios(cfg: BenchConfig, replicas: list[tuple[str, str]], model: str,
     """Run every scenario on `replicas` and return OUT.json's content."""
     runs: dict[str, ScenarioRun] = {}
     baseline = _chat_only(cfg, replicas, model, tokenizer)
-    slo = cfg.slo or derive_slo(baseline.chat, cfg.slo_factor, cfg.window_s)
+    slo = cfg.slo or derive_slo(baseline, cfg.slo_factor, cfg.window_s)
     if "chat-only" in cfg.scenarios:
         runs["chat-only"] = baseline
     sweep: dict[str, ScenarioRun] = {}
@@ -100,9 +105,9 @@ def run_scenarios(cfg: BenchConfig, replicas: list[tuple[str, str]], model: str,
     return out
 
 
-def derive_slo(chat_only: list[RequestRecord], factor: float, window_s: float) -> SLO:
+def derive_slo(chat_only: ScenarioRun, factor: float, window_s: float) -> SLO:
     """The SLO for this CPU: `factor` × the p99s of chat alone (written into OUT.json)."""
-    lat = chat_latency(chat_only)
+    lat = chat_latency(chat_only.chat, _engine_quantiles(chat_only))
     itl, ttft = lat["itl_ms"]["p99"], lat["ttft_ms"]["p99"]
     if itl is None or ttft is None:
         raise RuntimeError("the chat-only run produced no tokens; is the replica serving?")
@@ -111,12 +116,22 @@ def derive_slo(chat_only: list[RequestRecord], factor: float, window_s: float) -
 
 
 def score(run: ScenarioRun, slo: SLO) -> dict:
-    verdicts = window_verdicts(run.chat, run.t0, run.t1, slo)
-    chat = chat_latency(run.chat)
+    engine = run.engine_itl
+    verdicts = window_verdicts(run.chat, run.t0, run.t1, slo,
+                               engine_itl=(lambda a, b: engine.quantile_ms(a, b, 0.99))
+                               if engine is not None else None)
+    chat = chat_latency(run.chat, _engine_quantiles(run))
     chat["slo_windows_met"] = sum(verdicts) / len(verdicts)
     batch = batch_throughput(run.batch_rows, run.t0, run.t1, slo, verdicts)
     return {"run_id": run.run_id, "chat": chat,
             "batch": {**batch, "docs_done": run.docs_done}}
+
+
+def _engine_quantiles(run: ScenarioRun) -> dict[str, float | None] | None:
+    if run.engine_itl is None:
+        return None
+    q = run.engine_itl.quantiles_ms(run.t0, run.t1)
+    return q if q["p99"] is not None else None
 
 
 def holds(s: dict) -> bool:
@@ -161,10 +176,12 @@ def summarize(scored: dict, cfg: BenchConfig, controlled: ScenarioRun, slo: SLO)
 
 def _chat_only(cfg: BenchConfig, replicas, model, tokenizer) -> ScenarioRun:
     run_id = f"{cfg.bench_id}-chat-only"
-    t0 = time.time()
-    chat = ChatLoadThread(replicas, model, tokenizer, _chat_spec(cfg), run_id).start().join()
+    with EngineItlRecorder(replicas) as engine:
+        t0 = time.time()
+        chat = ChatLoadThread(replicas, model, tokenizer, _chat_spec(cfg), run_id).start().join()
     _write_chat_only(cfg, run_id, chat)
-    return ScenarioRun("chat-only", run_id, t0, t0 + cfg.duration_s, chat.records, [])
+    return ScenarioRun("chat-only", run_id, t0, t0 + cfg.duration_s, chat.records, [],
+                       engine_itl=engine.series)
 
 
 def _with_batch(cfg: BenchConfig, name: str, replicas, model, tokenizer, slo: SLO, policy: str,
@@ -180,16 +197,17 @@ def _with_batch(cfg: BenchConfig, name: str, replicas, model, tokenizer, slo: SL
         started.append(time.time())
         chat.start()
 
-    job = run_job(JobSpec(
-        corpus=cfg.corpus, engine_config=cfg.engine_config, replicas=replicas, run_id=run_id,
-        results=cfg.results, pipeline=cfg.pipeline, slo=slo, policy=policy,
-        latency_model=cfg.latency_model, static_caps=static_caps, interval_s=1.0,
-        sensor={"kind": "vllm", "report_ttft": False}, show_progress=False,
-        stop_after_s=cfg.duration_s, on_summarize_start=start_chat))
-    if not started:
-        raise RuntimeError(f"scenario {name}: no document to summarize in {cfg.corpus}")
-    t0 = started[0]
-    result = chat.join()
+    with EngineItlRecorder(replicas) as engine:
+        job = run_job(JobSpec(
+            corpus=cfg.corpus, engine_config=cfg.engine_config, replicas=replicas, run_id=run_id,
+            results=cfg.results, pipeline=cfg.pipeline, slo=slo, policy=policy,
+            latency_model=cfg.latency_model, static_caps=static_caps, interval_s=1.0,
+            sensor={"kind": "vllm", "report_ttft": False}, show_progress=False,
+            stop_after_s=cfg.duration_s, on_summarize_start=start_chat))
+        if not started:
+            raise RuntimeError(f"scenario {name}: no document to summarize in {cfg.corpus}")
+        t0 = started[0]
+        result = chat.join()
     run_dir = job.run_dir
     write_table(run_dir, "requests", [r.row() for r in result.records], run_id=run_id,
                 part="chat")
@@ -197,7 +215,7 @@ def _with_batch(cfg: BenchConfig, name: str, replicas, model, tokenizer, slo: SL
                 part="chat")
     batch_rows = [r for r in read_table(run_dir, "requests").to_pylist() if r["class"] == "batch"]
     return ScenarioRun(name, run_id, t0, t0 + cfg.duration_s, result.records, batch_rows,
-                       job.docs_done)
+                       job.docs_done, engine_itl=engine.series)
 
 
 def _chat_spec(cfg: BenchConfig) -> ChatLoadSpec:

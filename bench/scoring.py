@@ -3,12 +3,16 @@
 Chat latency follows DESIGN §4: ITL percentiles over every token gap (token-weighted), TTFT and E2E
 over requests. A window holds the SLO when its chat ITL p99 and TTFT p99 are within target and no
 chat request failed in it; goodput counts batch tokens of requests that ended in such windows.
+
+ITL can come from two places: the client's streamed gaps, or the engine's own histogram (see
+bench/engine_itl.py for why the engine's is the one to judge by on a small shared host). Functions
+that judge ITL take an optional `engine_itl(t0, t1) -> p99 ms`; without it they use the gaps.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from scheduler.latency_model import largest_chunk_within
 from scheduler.records import RequestRecord, percentile
@@ -16,6 +20,9 @@ from scheduler.slo import SLO
 from scheduler.step import PrefillChunk, StepBatch, StepTimeModel
 
 FAILED = ("error", "timeout")  # cancelled at the end of a run is not a user-visible failure
+
+WindowP99 = Callable[[float, float], float | None]
+"""ITL p99 in ms over [t0, t1) from another source than the streamed gaps (None: no tokens)."""
 
 
 def quantiles_ms(values: Iterable[float]) -> dict[str, float | None]:
@@ -25,19 +32,27 @@ def quantiles_ms(values: Iterable[float]) -> dict[str, float | None]:
     return {f"p{q}": percentile(ordered, q) * 1000 for q in (50, 95, 99)}
 
 
-def chat_latency(chat: list[RequestRecord]) -> dict:
+def chat_latency(chat: list[RequestRecord],
+                 engine_itl_ms: dict[str, float | None] | None = None) -> dict:
+    """Chat latency figures. `itl_ms` is the engine's when `engine_itl_ms` is given, with the
+    client's gaps kept beside it as `client_itl_ms`; `itl_source` says which is which."""
     ok = [r for r in chat if r.status == "ok"]
+    client_itl = quantiles_ms(g.gap_s for r in chat for g in r.gaps)
     return {
         "ttft_ms": quantiles_ms(r.ttft_s for r in ok if r.ttft_s is not None),
-        "itl_ms": quantiles_ms(g.gap_s for r in chat for g in r.gaps),
+        "itl_ms": engine_itl_ms if engine_itl_ms is not None else client_itl,
+        "itl_source": "engine" if engine_itl_ms is not None else "client",
+        "client_itl_ms": client_itl,
         "e2e_ms": quantiles_ms(r.e2e_s for r in ok if r.e2e_s is not None),
         "requests": len(chat),
         "errors": sum(r.status in FAILED for r in chat),
     }
 
 
-def window_verdicts(chat: list[RequestRecord], t0: float, t1: float, slo: SLO) -> list[bool]:
-    """Per window of `slo.window_s` from t0: did chat hold its SLO? (No chat: held.)"""
+def window_verdicts(chat: list[RequestRecord], t0: float, t1: float, slo: SLO,
+                    engine_itl: WindowP99 | None = None) -> list[bool]:
+    """Per window of `slo.window_s` from t0: did chat hold its SLO? (No chat: held.) ITL from
+    `engine_itl` when given, else from the streamed gaps."""
     n = max(1, math.ceil((t1 - t0) / slo.window_s - 1e-9))
     gaps: list[list[float]] = [[] for _ in range(n)]
     ttfts: list[list[float]] = [[] for _ in range(n)]
@@ -56,11 +71,18 @@ def window_verdicts(chat: list[RequestRecord], t0: float, t1: float, slo: SLO) -
             ttfts[w].append(r.ttft_s)
         if r.status in FAILED and (w := window(r.t_end)) is not None:
             failed[w] = True
-    return [_holds(gaps[w], ttfts[w], failed[w], slo) for w in range(n)]
+    verdicts = []
+    for w in range(n):
+        if engine_itl is not None:
+            itl_p99 = engine_itl(t0 + w * slo.window_s, t0 + (w + 1) * slo.window_s)
+        else:
+            itl_p99 = percentile(sorted(gaps[w]), 99) * 1000 if gaps[w] else None
+        verdicts.append(_holds(itl_p99, ttfts[w], failed[w], slo))
+    return verdicts
 
 
-def _holds(gaps: list[float], ttfts: list[float], failed: bool, slo: SLO) -> bool:
-    itl_ok = not gaps or percentile(sorted(gaps), 99) * 1000 <= slo.chat_itl_p99_ms
+def _holds(itl_p99_ms: float | None, ttfts: list[float], failed: bool, slo: SLO) -> bool:
+    itl_ok = itl_p99_ms is None or itl_p99_ms <= slo.chat_itl_p99_ms
     ttft_ok = not ttfts or percentile(sorted(ttfts), 99) * 1000 <= slo.chat_ttft_p99_ms
     return itl_ok and ttft_ok and not failed
 

@@ -1,0 +1,137 @@
+"""Chat ITL as the engine measured it: per-second scrapes of each replica's ITL histogram.
+
+Why not the client's token gaps: on a small shared host the API server process is starved while the
+engine computes, and the client then receives several steps' tokens in one burst, so streamed gaps
+mix engine step time with host scheduling noise (on this 2-core machine a chat-only p99 of ~180 ms
+over 8 ms steps). vLLM stamps each token in the engine core process, so the histogram it exports is
+the step cadence every decoding sequence sees, which is the quantity admission control acts on and
+the same one the Gate's `VllmMetricsSensor` reads. The histogram mixes chat and batch sequences;
+for ITL that is harmless (every sequence in a step waits the same step). TTFT stays client-side:
+a batch prompt's TTFT is long by nature and would swamp chat's.
+
+`EngineItlSeries` is pure (snapshots in, window quantiles out); `EngineItlRecorder` is the thread
+that scrapes.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field
+
+import httpx
+
+from serving.metrics import Histogram, histogram_delta, histogram_quantile, parse_metrics
+from serving.sensors import ITL_HISTOGRAMS
+
+
+@dataclass
+class EngineItlSeries:
+    """Timestamped cumulative ITL histograms per replica, and quantiles over any time span."""
+
+    samples: dict[str, list[tuple[float, Histogram]]] = field(default_factory=dict)
+
+    def add(self, replica: str, t: float, histogram: Histogram) -> None:
+        self.samples.setdefault(replica, []).append((t, histogram))
+
+    def window(self, t0: float, t1: float) -> Histogram | None:
+        """Observations between the last scrape at or before t0 (or the first after it) and the
+        last scrape at or before t1, summed over replicas; None when no replica has both ends."""
+        total: Histogram | None = None
+        for series in self.samples.values():
+            before, after = _at_or_before(series, t0), _at_or_before(series, t1)
+            if after is None:
+                continue
+            if before is None:
+                before = series[0][1]
+            delta = histogram_delta(after, before)
+            total = delta if total is None else _add(total, delta)
+        return total
+
+    def quantile_ms(self, t0: float, t1: float, q: float) -> float | None:
+        h = self.window(t0, t1)
+        v = histogram_quantile(h, q) if h is not None else None
+        return None if v is None else v * 1000
+
+    def quantiles_ms(self, t0: float, t1: float) -> dict[str, float | None]:
+        return {f"p{q}": self.quantile_ms(t0, t1, q / 100) for q in (50, 95, 99)}
+
+    def to_json(self) -> dict:
+        return {
+            name: [
+                {"t": t, "bounds": list(h.bounds), "cumulative": list(h.cumulative)}
+                for t, h in series
+            ]
+            for name, series in self.samples.items()
+        }
+
+
+def _at_or_before(series: list[tuple[float, Histogram]], t: float) -> Histogram | None:
+    found = None
+    for ts, h in series:
+        if ts > t:
+            break
+        found = h
+    return found
+
+
+def _add(a: Histogram, b: Histogram) -> Histogram:
+    if a.bounds != b.bounds:
+        raise ValueError("replicas export different ITL buckets; give them the same engine config")
+    return Histogram(
+        a.bounds,
+        tuple(x + y for x, y in zip(a.cumulative, b.cumulative, strict=True)),
+        a.count + b.count,
+        a.sum + b.sum,
+    )
+
+
+def itl_histogram(text: str) -> Histogram | None:
+    """The ITL histogram of one `/metrics` page, under whichever name this vLLM exports it."""
+    snap = parse_metrics(text)
+    for name in ITL_HISTOGRAMS:
+        h = snap.histogram(name)
+        if h is not None:
+            return h
+    return None
+
+
+class EngineItlRecorder:
+    """Scrapes every replica's ITL histogram every `interval_s` on a daemon thread.
+
+    A failed scrape is skipped (the next one covers the span); use as a context manager so the
+    thread ends, with a final scrape, when the scenario does.
+    """
+
+    def __init__(self, replicas: list[tuple[str, str]], interval_s: float = 1.0) -> None:
+        self.replicas = replicas
+        self.interval_s = interval_s
+        self.series = EngineItlSeries()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="engine-itl", daemon=True)
+
+    def __enter__(self) -> EngineItlRecorder:
+        self._scrape_all()
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join(timeout=10)
+        self._scrape_all()
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            self._scrape_all()
+
+    def _scrape_all(self) -> None:
+        with httpx.Client(timeout=2.0) as client:
+            for name, url in self.replicas:
+                try:
+                    response = client.get(f"{url.rstrip('/')}/metrics")
+                    response.raise_for_status()
+                except httpx.HTTPError:
+                    continue
+                h = itl_histogram(response.text)
+                if h is not None:
+                    self.series.add(name, time.time(), h)

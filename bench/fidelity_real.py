@@ -1,0 +1,92 @@
+"""The real half of the fidelity check: a mixed chat + batch workload on a live replica.
+
+Chat is the production-shaped load of `bench.chat_load`. Batch is deliberately plain: `seats`
+closed-loop workers, each sending one long prompt of exactly `doc_tokens` token ids at batch
+priority and asking for `output_tokens` tokens, then the next, until the time is up. Plain, because
+the question here is whether the simulator's *replica* behaves like the real one; the pipeline's
+map-reduce has tests of its own. Everything the simulator needs to replay the same work is kept:
+each chat request's arrival, prompt and output length, and the engine's ITL histograms.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from dataclasses import dataclass, field, replace
+
+from bench.chat_load import ChatLoadSpec, model_text
+from bench.chat_thread import ChatLoadThread
+from bench.engine_itl import EngineItlRecorder, EngineItlSeries
+from scheduler.records import RequestRecord
+from serving.client import BATCH_PRIORITY, StreamingClient
+
+
+@dataclass(frozen=True)
+class MixedWorkload:
+    """What runs for `duration_s`: chat at `chat.rate`, and `seats` batch prompts at a time."""
+
+    chat: ChatLoadSpec
+    duration_s: float = 120.0
+    """Seconds of mixed load."""
+    seats: int = 2
+    """Batch prompts in flight at once (closed loop)."""
+    doc_tokens: int = 6000
+    """Prompt tokens of every batch request."""
+    output_tokens: int = 64
+    """Tokens every batch request generates (ignore_eos: exactly this many)."""
+    seed: int = 0
+
+
+@dataclass
+class RealRun:
+    """What the replica did: request records, the span they are judged over, the engine's ITL."""
+
+    t0: float
+    t1: float
+    chat: list[RequestRecord]
+    batch: list[RequestRecord]
+    engine_itl: EngineItlSeries = field(default_factory=EngineItlSeries)
+
+
+def run_real(workload: MixedWorkload, replica: tuple[str, str], model: str, tokenizer) -> RealRun:
+    """Run `workload` against one replica and return its records."""
+    chat_spec = replace(workload.chat, duration_s=workload.duration_s)
+    with EngineItlRecorder([replica]) as engine:
+        t0 = time.time()
+        chat = ChatLoadThread([replica], model, tokenizer, chat_spec, "fidelity-real").start()
+        batch = asyncio.run(_batch_load(workload, replica, model, tokenizer, t0))
+        chat_records = chat.join().records
+    return RealRun(t0, t0 + workload.duration_s, chat_records, batch, engine.series)
+
+
+async def _batch_load(
+    workload: MixedWorkload, replica: tuple[str, str], model: str, tokenizer, t0: float
+) -> list[RequestRecord]:
+    ids = tokenizer.encode(model_text())
+    if len(ids) < workload.doc_tokens + 1:
+        ids = ids * (workload.doc_tokens // max(len(ids), 1) + 2)
+    rng = random.Random(f"{workload.seed}:batch")
+    records: list[RequestRecord] = []
+    name, url = replica
+
+    async def worker(client: StreamingClient) -> None:
+        while time.time() < t0 + workload.duration_s:
+            start = rng.randrange(len(ids) - workload.doc_tokens)
+            done = await client.complete(
+                ids[start : start + workload.doc_tokens],
+                max_tokens=workload.output_tokens,
+                cls="batch",
+                stage="map",
+                priority=BATCH_PRIORITY,
+                ignore_eos=True,
+            )
+            records.append(done.record)
+
+    async with StreamingClient(url, model, run_id="fidelity-real", replica=name) as client:
+        tasks = [asyncio.create_task(worker(client)) for _ in range(workload.seats)]
+        await asyncio.sleep(max(0.0, t0 + workload.duration_s - time.time()))
+        for t in tasks:
+            t.cancel()  # a request cut at the end is aborted by the engine when its stream closes
+        await asyncio.gather(*tasks, return_exceptions=True)
+    return records

@@ -1,0 +1,78 @@
+"""The engine-side ITL series: window quantiles from scraped cumulative histograms."""
+
+import pytest
+
+from bench.engine_itl import EngineItlSeries, itl_histogram
+from bench.scoring import chat_latency, window_verdicts
+from scheduler.records import RequestRecord
+from scheduler.slo import SLO
+from serving.metrics import Histogram
+
+BOUNDS = (0.01, 0.05, 0.2, float("inf"))
+
+
+def cum(*per_bucket: int) -> Histogram:
+    """A cumulative histogram from per-bucket counts."""
+    total, out = 0, []
+    for c in per_bucket:
+        total += c
+        out.append(float(total))
+    return Histogram(BOUNDS, tuple(out), float(total), 0.0)
+
+
+def series() -> EngineItlSeries:
+    s = EngineItlSeries()
+    s.add("a", 0.0, cum(0, 0, 0, 0))
+    s.add("a", 10.0, cum(100, 0, 0, 0))  # window [0, 10): all fast
+    s.add("a", 20.0, cum(100, 0, 100, 0))  # window [10, 20): half at 50-200 ms
+    return s
+
+
+def test_window_is_the_difference_between_scrapes_at_its_ends() -> None:
+    s = series()
+    assert s.window(0, 10).count == 100
+    assert s.quantile_ms(0, 10, 0.99) <= 10.0
+    assert 50.0 < s.quantile_ms(10, 20, 0.99) <= 200.0
+    assert s.window(0, 20).count == 200
+
+
+def test_replicas_add_up() -> None:
+    s = series()
+    s.add("b", 0.0, cum(0, 0, 0, 0))
+    s.add("b", 10.0, cum(0, 0, 300, 0))
+    assert s.window(0, 10).count == 400
+    assert s.quantile_ms(0, 10, 0.5) > 50.0  # b's slow tokens dominate
+
+
+def test_replicas_with_different_buckets_are_refused() -> None:
+    s = series()
+    s.add("b", 0.0, Histogram((0.1, float("inf")), (0.0, 0.0), 0.0, 0.0))
+    s.add("b", 10.0, Histogram((0.1, float("inf")), (5.0, 5.0), 5.0, 0.0))
+    with pytest.raises(ValueError, match="same engine config"):
+        s.window(0, 10)
+
+
+def test_engine_itl_judges_windows_and_is_reported_beside_client_gaps() -> None:
+    slo = SLO(chat_itl_p99_ms=60, chat_ttft_p99_ms=500, window_s=10)
+    r = RequestRecord("r", "c", "chat", "chat", "a", t_submit=1.0)
+    times = [1.1 + 0.5 * i for i in range(30)]  # client saw 500 ms bursts in both windows
+    r.finish(times, times[-1])
+    s = series()
+    assert window_verdicts([r], 0, 20, slo) == [False, False]
+    judged = window_verdicts([r], 0, 20, slo, engine_itl=lambda a, b: s.quantile_ms(a, b, 0.99))
+    assert judged == [True, False]
+    lat = chat_latency([r], s.quantiles_ms(0, 20))
+    assert lat["itl_source"] == "engine" and lat["client_itl_ms"]["p99"] == pytest.approx(500.0)
+
+
+def test_itl_histogram_reads_either_metric_name() -> None:
+    text = (
+        "# TYPE vllm:inter_token_latency_seconds histogram\n"
+        'vllm:inter_token_latency_seconds_bucket{le="0.01"} 3\n'
+        'vllm:inter_token_latency_seconds_bucket{le="+Inf"} 4\n'
+        "vllm:inter_token_latency_seconds_count 4\n"
+        "vllm:inter_token_latency_seconds_sum 0.2\n"
+    )
+    h = itl_histogram(text)
+    assert h is not None and h.count == 4 and h.cumulative == (3.0, 4.0)
+    assert itl_histogram("# nothing here\n") is None
