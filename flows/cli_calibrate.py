@@ -2,7 +2,8 @@
 
 Measures a running replica (`--replica-url`) or one started from the engine config for the length of
 the sweep, then prints how well the fitted model reproduces the measured steps. The saved file is
-what `nightshift simulate --latency-model` and the SLO controller read.
+what `nightshift simulate --latency-model` and the SLO controller read; the measured steps go
+beside it (FIT.samples.jsonl), and `--refit` fits such a file again without any replica.
 """
 
 from __future__ import annotations
@@ -31,6 +32,8 @@ COEFFICIENT_HELP = {
     "s_per_attention_unit": "c: s per prefill attention unit C·(p + C/2)",
     "s_per_context_token": "d: s per decode-context token",
     "overhead_s": "e: fixed s per step",
+    "s_per_chunk_prefix_token": "f: s per prefix token of each prefill chunk",
+    "s_per_decode_seq": "g: s per decode sequence",
 }
 
 
@@ -39,8 +42,21 @@ def register(app: typer.Typer) -> None:
 
 
 def calibrate_command(
-    engine_config: Annotated[Path, typer.Option(help="Engine config YAML of the replica.")],
     out: Annotated[Path, typer.Option(help="Where to write the fitted model (JSON).")],
+    engine_config: Annotated[
+        Path | None,
+        typer.Option(
+            help="Engine config YAML of the replica (with --refit: optional, gives GPU configs "
+            "their roofline prior)."
+        ),
+    ] = None,
+    refit: Annotated[
+        Path | None,
+        typer.Option(
+            help="Fit the steps a calibration saved (FIT.samples.jsonl, or its FIT.json) "
+            "instead of measuring a replica."
+        ),
+    ] = None,
     replica_url: Annotated[
         str | None,
         typer.Option(
@@ -71,6 +87,16 @@ def calibrate_command(
     from serving.calibration import save
     from serving.calibration_plan import CalibrationError
 
+    if out.name.endswith(".samples.jsonl"):
+        raise fail(f"--out {out}: name the model's JSON file (FIT.json); its steps go beside it")
+    if refit is not None:
+        if replica_url is not None or quick or repeats is not None:
+            raise fail("--refit fits saved steps without a replica: drop --replica-url, "
+                       "--quick and --repeats")  # fmt: skip
+        return _refit(refit, out, engine_config)
+    if engine_config is None:
+        raise fail("pass --engine-config CONFIG to measure a replica, or --refit SAMPLES to fit "
+                   "saved steps")  # fmt: skip
     config = load_config_or_exit(engine_config)
     try:
         plan = _plan(config, quick, repeats)
@@ -92,7 +118,24 @@ def calibrate_command(
     }
     save(result, out, provenance)
     _echo_result(config.name, result)
-    typer.echo(f"wrote {out}")
+    _echo_written(out)
+
+
+def _refit(samples: Path, out: Path, engine_config: Path | None) -> None:
+    """Fit saved steps, with the config's prior when one is named, and save like a calibration."""
+    from serving.calibration import refit, save
+
+    config = load_config_or_exit(engine_config) if engine_config is not None else None
+    try:
+        result = refit(samples, _prior(config) if config is not None else None)
+    except ValueError as exc:
+        raise fail(str(exc)) from None
+    provenance = {"refit_from": str(samples)}
+    if config is not None:
+        provenance |= {"engine_config": config.name, "engine_config_path": str(engine_config)}
+    save(result, out, provenance)
+    _echo_result(config.name if config else samples.name, result)
+    _echo_written(out)
 
 
 def _plan(config: EngineConfig, quick: bool, repeats: int | None) -> SweepPlan:
@@ -180,6 +223,12 @@ def _check_replica(url: str, served_name: str) -> None:
         raise fail(str(exc)) from None
 
 
+def _echo_written(out: Path) -> None:
+    from serving.step_samples import samples_path
+
+    typer.echo(f"wrote {out} and its steps, {samples_path(out)}")
+
+
 def _echo_plan(plan: SweepPlan) -> None:
     chunks = sum(len(g.sizes) for g in plan.chunks)
     typer.echo(
@@ -193,21 +242,25 @@ def _echo_plan(plan: SweepPlan) -> None:
 
 def _echo_result(name: str, result: CalibrationResult) -> None:
     r, load = result.report, result.host_load
-    typer.echo(
-        f"{name}: {r.samples + len(result.stalled)} engine steps timed in {result.wall_s:.0f} s "
-        f"(host load {load['before']:.1f} -> {load['after']:.1f} on {load['cpus']} CPUs); "
-        f"fitted to {r.samples}"
-    )
+    steps = r.samples + len(result.stalled)
+    if load:
+        typer.echo(
+            f"{name}: {steps} engine steps timed in {result.wall_s:.0f} s (host load "
+            f"{load['before']:.1f} -> {load['after']:.1f} on {load['cpus']} CPUs); "
+            f"fitted to {r.samples}"
+        )
+    else:
+        typer.echo(f"{name}: {steps} saved engine steps; fitted to {r.samples}")
     typer.echo(
         f"fit error: mean {r.mean_abs_pct_error:.1f}%  p90 {r.p90_abs_pct_error:.1f}%  "
         f"max {r.max_abs_pct_error:.1f}%  R² {r.r2:.3f}"
     )
     typer.echo("coefficients:")
     for key, value in result.model.coefficients().items():
-        typer.echo(f"  {key:<22} {value:.4g}   {COEFFICIENT_HELP[key]}")
+        typer.echo(f"  {key:<24} {value:.4g}   {COEFFICIENT_HELP[key]}")
     for note in result.notes:
         typer.echo(f"note: {note}")
-    if max(load["before"], load["after"]) > (load["cpus"] or 1):
+    if load and max(load["before"], load["after"]) > (load["cpus"] or 1):
         typer.secho(
             "warning: the host was busier than its CPU count; measured steps include time "
             "other processes took. Rerun on a quieter host for a cleaner fit.",

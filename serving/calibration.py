@@ -4,7 +4,8 @@ The sweep (`serving.calibration_plan`) runs serially: two shapes at once would s
 shape is ordinary `/v1/completions` requests with random token-id prompts (fresh ones never hit the
 prefix cache; repeated ones are meant to) and `ignore_eos`, so lengths are exactly what the plan
 says; `serving.step_timing` explains how request timings become step samples. The fit itself is
-`scheduler.latency_model.fit`; this module adds where its samples came from.
+`scheduler.latency_fit.fit`; this module adds where its samples came from, and keeps them
+(`serving.step_samples`) so `refit` can fit them again without a replica.
 """
 
 from __future__ import annotations
@@ -18,14 +19,16 @@ import random
 import time
 from collections import Counter, defaultdict
 from collections.abc import AsyncIterator, Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 
-from scheduler.latency_model import FitReport, LatencyModel, StepSample, fit
-from scheduler.step import PrefillChunk, StepBatch
+from scheduler.latency_fit import FitReport, StepSample, fit
+from scheduler.latency_model import LatencyModel
+from scheduler.step import PrefillChunk
 from serving.calibration_plan import CalibrationError, ChunkGroup, DecodeShape, SweepPlan
 from serving.client import ClientConfig, Completion, StreamingClient
 from serving.engine_config import EngineConfig
+from serving.step_samples import read_samples, samples_path, step_row, write_samples
 from serving.step_timing import (
     ChunkRun,
     DecodeRun,
@@ -41,8 +44,8 @@ FIRST_TOKEN_ID = 16
 """Prompt ids start here, clear of the special tokens at the bottom of the local vocabularies."""
 FALLBACK_VOCAB = 1000
 """Prompt ids stay below this when the config names no vocabulary: every real tokenizer is larger."""
-MIN_SAMPLES = 6
-"""Fewer measured steps than this cannot pin down five coefficients."""
+MIN_SAMPLES = 8
+"""Fewer measured steps than this cannot pin down seven coefficients and the knee."""
 STALL_ROUNDS = 2
 """Fit, drop the steps contention stalled, refit: at most this many times."""
 MIN_KEPT_SHARE = 0.75
@@ -314,15 +317,34 @@ async def calibrate(
             + "; ".join(notes or ["no shape was readable"])
             + ". Rerun on a quieter host or without --quick"
         )
+    result = fit_steps(samples, prior, notes)
+    result.host_load = {"before": load_before, "after": os.getloadavg()[0], "cpus": os.cpu_count()}
+    result.wall_s = time.monotonic() - start
+    return result
+
+
+def refit(path: str | Path, prior: LatencyModel | None = None) -> CalibrationResult:
+    """Fit the steps a calibration saved (`serving.step_samples`) as `calibrate` fits fresh ones,
+    stalled steps judged again: no replica needed."""
+    samples = read_samples(path)
+    if len(samples) < MIN_SAMPLES:
+        raise CalibrationError(
+            f"{path} holds {len(samples)} engine steps; a fit needs at least {MIN_SAMPLES}"
+        )
+    return fit_steps(samples, prior, [])
+
+
+def fit_steps(
+    samples: list[StepSample], prior: LatencyModel | None, notes: list[str]
+) -> CalibrationResult:
+    """The model of measured `samples`, stalled steps left out and noted."""
     model, report, kept, dropped = fit_without_stalls(samples, prior)
     if dropped:
         notes.append(
             f"{len(dropped)} step(s) left out of the fit: far slower than the other steps "
             "suggest, as when another process held the CPU"
         )
-    load = {"before": load_before, "after": os.getloadavg()[0], "cpus": os.cpu_count()}
-    elapsed = time.monotonic() - start
-    return CalibrationResult(model, report, kept, dropped, notes, elapsed, load)
+    return CalibrationResult(model, report, kept, dropped, notes)
 
 
 def fit_without_stalls(
@@ -345,8 +367,10 @@ def fit_without_stalls(
 
 def save(result: CalibrationResult, path: str | Path, provenance: dict) -> None:
     """Write the model with what it was fitted on: `provenance` (config, replica, sweep), the date,
-    the notes, the host load, and every measured step so it can be refitted without a replica."""
-    model = result.model
+    the notes, the host load and every measured step; the steps also go to a samples file beside
+    it (FIT.samples.jsonl), the form `refit` and other tools read."""
+    model, path = result.model, Path(path)
+    steps = samples_path(path)
     model.source = {
         **model.source,
         **provenance,
@@ -354,33 +378,10 @@ def save(result: CalibrationResult, path: str | Path, provenance: dict) -> None:
         "wall_s": round(result.wall_s, 1),
         "host_load": result.host_load,
         "notes": result.notes,
-        "steps": [_step_row(s) for s in result.samples],
-        "stalled_steps": [_step_row(s) for s in result.stalled],
+        "samples_file": steps.name,
+        "steps": [step_row(s) for s in result.samples],
+        "stalled_steps": [step_row(s, stalled=True) for s in result.stalled],
     }
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_samples(steps, result.samples, result.stalled)
     model.to_json(path)
-
-
-def _step_row(sample: StepSample) -> dict:
-    batch = sample.batch
-    return {
-        "prefills": [asdict(c) for c in batch.prefills],
-        "decode_seqs": batch.decode_seqs,
-        "decode_context_tokens": batch.decode_context_tokens,
-        "seconds": sample.seconds,
-    }
-
-
-def steps_from_source(source: dict) -> list[StepSample]:
-    """The measured steps a saved fit carries, to refit them (e.g. with a different prior)."""
-    return [
-        StepSample(
-            StepBatch(
-                tuple(PrefillChunk(**c) for c in row["prefills"]),
-                row["decode_seqs"],
-                row["decode_context_tokens"],
-            ),
-            row["seconds"],
-        )
-        for row in source.get("steps", [])
-    ]

@@ -25,7 +25,7 @@ from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from scheduler.latency_model import StepSample
+from scheduler.latency_fit import StepSample
 from scheduler.step import PrefillChunk, StepBatch, StepTimeModel
 
 

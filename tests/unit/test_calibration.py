@@ -13,7 +13,8 @@ import httpx
 import pytest
 
 from flows.cli import app
-from scheduler.latency_model import LatencyModel, StepSample, fit
+from scheduler.latency_fit import StepSample, fit
+from scheduler.latency_model import LatencyModel
 from scheduler.step import PrefillChunk, StepBatch
 from serving.calibration import (
     CalibrationResult,
@@ -21,7 +22,6 @@ from serving.calibration import (
     calibrate,
     fit_without_stalls,
     save,
-    steps_from_source,
 )
 from serving.calibration_plan import (
     QUICK,
@@ -33,6 +33,7 @@ from serving.calibration_plan import (
 )
 from serving.client import StreamingClient
 from serving.engine_config import load_engine_config
+from serving.step_samples import read_samples, samples_path
 from serving.step_timing import (
     ChunkRun,
     DecodeRun,
@@ -298,8 +299,10 @@ def test_save_keeps_provenance_and_every_step(tmp_path: Path) -> None:
     assert src["kind"] == "fit" and src["engine_config"] == "cpu-test"
     assert src["report"]["samples"] == len(samples) and src["notes"] == ["a note"]
     assert src["fitted_at"] and src["host_load"] == {"before": 0.5}
-    assert steps_from_source(src) == samples
-    assert steps_from_source({"steps": src["stalled_steps"]}) == samples[:1]
+    assert len(src["steps"]) == len(samples) and len(src["stalled_steps"]) == 1
+    assert src["samples_file"] == "x.samples.jsonl"
+    # kept then stalled, from the fit file and from the samples file beside it
+    assert read_samples(path) == read_samples(samples_path(path)) == samples + samples[:1]
     json.loads(path.read_text())  # plain JSON, readable by anything
 
 
