@@ -25,6 +25,11 @@ COLUMNS = (("chat ITL p99 ms", ("chat", "itl_ms", "p99")),
 ITL_NOTE = ("Chat ITL is judged from the engine's own ITL histogram (every decoding sequence, "
             "stamped in the engine core); the client's streamed gaps, which also carry the host's "
             "scheduling noise, are shown as client ITL.")
+SIM_ITL_NOTE = "Simulated replicas: chat ITL is the gaps between the simulated engine's steps."
+
+
+def itl_note(out: dict) -> str:
+    return SIM_ITL_NOTE if out.get("mode") == "sim" else ITL_NOTE
 
 
 def _get(d: dict, path: tuple[str, ...]):
@@ -55,7 +60,7 @@ def markdown(out: dict, command: str) -> str:
     lines = [f"# nightshift bench `{out.get('bench_id', '')}`", "",
              f"SLO: chat ITL p99 ≤ {slo['chat_itl_p99_ms']} ms, TTFT p99 ≤ "
              f"{slo['chat_ttft_p99_ms']} ms, per {slo['window_s']:.0f} s window.", "",
-             ITL_NOTE, "",
+             itl_note(out), "",
              f"Command: `{command}`", "",
              "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     lines += ["| " + " | ".join(r) + " |" for r in table_rows(out)]
@@ -99,7 +104,7 @@ def write(out: dict, directory: Path, command: str) -> tuple[Path, Path]:
         "table{border-collapse:collapse}td,th{border:1px solid #ccc;padding:4px 8px;"
         "text-align:right}td:first-child{text-align:left}</style>"
         f"<h1>nightshift bench</h1><p>SLO: chat ITL p99 ≤ {out['slo']['chat_itl_p99_ms']} ms, "
-        f"TTFT p99 ≤ {out['slo']['chat_ttft_p99_ms']} ms</p><p>{html.escape(ITL_NOTE)}</p>"
+        f"TTFT p99 ≤ {out['slo']['chat_ttft_p99_ms']} ms</p><p>{html.escape(itl_note(out))}</p>"
         f"<p><code>{html.escape(command)}"
         f"</code></p><table><tr>{head}</tr>{body}</table><img src='{png.name}' width=1000>"
         f"<pre>{html.escape(json.dumps(out['summary'], indent=2))}</pre>")

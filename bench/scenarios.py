@@ -31,6 +31,7 @@ from bench.scoring import (
     chat_latency,
     window_verdicts,
 )
+from bench.verdicts import pick_static, slo_from_chat_only, step_chunk_cap, summary
 from pipelines.config import PipelineConfig
 from pipelines.job import JobSpec, run_job
 from scheduler.records import RequestRecord
@@ -107,12 +108,9 @@ def run_scenarios(cfg: BenchConfig, replicas: list[tuple[str, str]], model: str,
 
 def derive_slo(chat_only: ScenarioRun, factor: float, window_s: float) -> SLO:
     """The SLO for this CPU: `factor` × the p99s of chat alone (written into OUT.json)."""
-    lat = chat_latency(chat_only.chat, _engine_quantiles(chat_only))
-    itl, ttft = lat["itl_ms"]["p99"], lat["ttft_ms"]["p99"]
-    if itl is None or ttft is None:
-        raise RuntimeError("the chat-only run produced no tokens; is the replica serving?")
-    return SLO(chat_itl_p99_ms=round(itl * factor, 1), chat_ttft_p99_ms=round(ttft * factor, 1),
-               window_s=window_s)
+    return slo_from_chat_only(
+        chat_latency(chat_only.chat, _engine_quantiles(chat_only)), factor, window_s
+    )
 
 
 def score(run: ScenarioRun, slo: SLO) -> dict:
@@ -134,44 +132,21 @@ def _engine_quantiles(run: ScenarioRun) -> dict[str, float | None] | None:
     return q if q["p99"] is not None else None
 
 
-def holds(s: dict) -> bool:
-    return s["chat"]["slo_windows_met"] == 1.0 and s["chat"]["errors"] == 0
-
-
-def pick_static(sweep: dict[str, dict]) -> str:
-    """The static caps with the most batch throughput among those that held the SLO in every
-    window; when none did, the one that met the most windows (reported, and flagged)."""
-    holding = [k for k, s in sweep.items() if holds(s)]
-    if holding:
-        return max(holding, key=lambda k: sweep[k]["batch"]["tokens_per_s"])
-    return max(sweep, key=lambda k: sweep[k]["chat"]["slo_windows_met"])
-
-
 def summarize(scored: dict, cfg: BenchConfig, controlled: ScenarioRun, slo: SLO) -> dict:
     from scheduler.latency_model import LatencyModel
-
-    def batch(name: str, key: str = "tokens_per_s") -> float | None:
-        return scored[name]["batch"][key] if name in scored else None
-
-    def ratio(a: float | None, b: float | None) -> float | None:
-        return None if a is None or not b else a / b
+    from serving.engine_config import load_engine_config
 
     seqs, ctx = chat_decode_load(controlled.chat, controlled.t0, controlled.t1)
-    bound = bound_tokens_per_s(LatencyModel.from_json(cfg.latency_model), slo, seqs, ctx,
-                               max_chunk=cfg.pipeline.max_model_len)
-    unc = scored.get("uncontrolled")
-    return {
-        "controlled_vs_uncontrolled_batch": ratio(batch("controlled"), batch("uncontrolled")),
-        "controlled_vs_static_batch": ratio(batch("controlled", "goodput_tokens_per_s"),
-                                            batch("static", "goodput_tokens_per_s")),
-        "uncontrolled_itl_p99_over_slo": (unc["chat"]["itl_ms"]["p99"] / slo.chat_itl_p99_ms
-                                          if unc and unc["chat"]["itl_ms"]["p99"] else None),
-        "static_held_slo": holds(scored["static"]) if "static" in scored else None,
-        "bound_tokens_per_s": bound,
-        "controlled_fraction_of_bound": ratio(batch("controlled", "goodput_tokens_per_s"), bound),
-        "chat_decode_seqs": seqs,
-        "chat_decode_context": ctx,
-    }
+    engine = load_engine_config(cfg.engine_config)
+    chunked = engine.flag("enable-chunked-prefill", True)
+    cap = step_chunk_cap(
+        int(engine.flag("max-num-batched-tokens", 2048)) if chunked else None,
+        int(engine.flag("long-prefill-token-threshold", 0)),
+        cfg.pipeline.max_model_len,
+        seqs,
+    )
+    model = LatencyModel.from_json(cfg.latency_model)
+    return summary(scored, slo, bound_tokens_per_s(model, slo, seqs, ctx, cap), seqs, ctx)
 
 
 def _chat_only(cfg: BenchConfig, replicas, model, tokenizer) -> ScenarioRun:

@@ -11,6 +11,9 @@ import typer
 
 from flows.cli_engine import fail, load_config_or_exit
 
+RATE, DOCS, WINDOW_S = 1.5, 60, 15.0
+"""Defaults of --rate, --docs and --window-s (a CPU replica's; `--sim` on a GPU profile has its own)."""
+
 
 def register(app: typer.Typer) -> None:
     app.command("bench")(bench)
@@ -18,62 +21,142 @@ def register(app: typer.Typer) -> None:
 
 def bench(
     engine_config: Path = typer.Option(..., help="Engine config of the replica to measure."),
-    scenarios: str = typer.Option("chat-only,uncontrolled,static,controlled",
-                                  help="Comma-separated scenarios to run."),
+    scenarios: str = typer.Option(
+        "chat-only,uncontrolled,static,controlled", help="Comma-separated scenarios to run."
+    ),
     duration: float = typer.Option(90.0, help="Seconds per scenario."),
     json_out: Path = typer.Option(Path("results/bench.json"), "--json", help="OUT.json path."),
-    rate: float = typer.Option(1.5, help="Chat requests per second (Poisson)."),
+    rate: float = typer.Option(
+        None, min=0, help="Chat requests per second (Poisson; default 1.5, 5 in --sim on a GPU)."
+    ),
     latency_model: Path = typer.Option(
-        None, help="Fitted latency model (default engine_configs/fits/<config name>.json)."),
-    docs: int = typer.Option(60, help="Documents in the benchmark corpus."),
+        None, help="Fitted latency model (default engine_configs/fits/<config name>.json)."
+    ),
+    docs: int = typer.Option(
+        None, min=0, help="Documents in the benchmark corpus (default 60, 300 in --sim on a GPU)."
+    ),
     min_tokens: int = typer.Option(2000, help="Shortest document."),
     max_tokens: int = typer.Option(12000, help="Longest document."),
     slo_factor: float = typer.Option(3.0, help="SLO = this × the chat-only p99s, unless given."),
     itl_slo_ms: float = typer.Option(None, help="Fixed chat ITL p99 SLO."),
     ttft_slo_ms: float = typer.Option(None, help="Fixed chat TTFT p99 SLO."),
-    window_s: float = typer.Option(15.0, help="SLO window."),
+    window_s: float = typer.Option(
+        None, min=1, help="SLO window in seconds (default 15, 60 in --sim on a GPU)."
+    ),
     scale: float = typer.Option(None, help="Chat token sizes × this (default 0.1 on a CPU)."),
     port: int = typer.Option(8600, help="Port of the replica the benchmark starts."),
     results: Path = typer.Option(Path("results"), help="Where runs and reports go."),
     seed: int = typer.Option(0, help="Seed of the chat load and the corpus."),
+    static_sweep: str = typer.Option(
+        None,
+        help="Static caps to sweep, SEATSxCHUNK,... (default 1x512,2x1024,4x2048; in "
+        "--sim on a GPU the grid of bench/controller_targets.py).",
+    ),
+    sim: bool = typer.Option(
+        False,
+        "--sim",
+        help="Run the scenarios on simulated replicas of the engine config: no "
+        "engine, tokenizer or replica.",
+    ),
+    doc_tokens: int = typer.Option(
+        None,
+        min=1,
+        help="--sim: tokens per document (default 80000 on a GPU, else the mean of "
+        "--min-tokens and --max-tokens).",
+    ),
+    sim_replicas: int = typer.Option(
+        1, "--replicas", min=1, help="--sim: simulated replicas behind one router."
+    ),
 ) -> None:
     """Run chat-only, uncontrolled, static (best of a sweep) and controlled back to back."""
-    from bench.chat_load import ChatLoadSpec
-    from bench.chat_sessions import ChatShape
-    from bench.report import write
-    from bench.scenarios import SCENARIOS, BenchConfig, bench_paths, run_scenarios
-    from pipelines.config import PipelineConfig
-    from pipelines.corpus_maker import CorpusSpec, make_corpus, write_corpus
-    from scheduler.slo import SLO
-    from serving.launcher import ReplicaSet
-    from serving.tokenizer import tokenizer_for
+    from bench.sim_scenarios import SCENARIOS
 
     config = load_config_or_exit(engine_config)
     chosen = tuple(s.strip() for s in scenarios.split(",") if s.strip())
     unknown = [s for s in chosen if s not in SCENARIOS]
     if unknown:
         raise fail(f"unknown scenario {unknown[0]!r}; choose from {', '.join(SCENARIOS)}")
+    sweep = _parse_sweep(static_sweep)
+    if sim:
+        from flows.cli_bench_sim import SimOptions, bench_sim
+
+        return bench_sim(
+            config,
+            SimOptions(
+                engine_config=engine_config,
+                scenarios=chosen,
+                duration=duration,
+                json_out=json_out,
+                rate=rate,
+                latency_model=latency_model,
+                docs=docs,
+                doc_tokens=doc_tokens,
+                min_tokens=min_tokens,
+                max_tokens=max_tokens,
+                slo_factor=slo_factor,
+                itl_slo_ms=itl_slo_ms,
+                ttft_slo_ms=ttft_slo_ms,
+                window_s=window_s,
+                scale=scale,
+                results=results,
+                seed=seed,
+                static_sweep=sweep,
+                replicas=sim_replicas,
+            ),
+        )
+    from bench.chat_load import ChatLoadSpec
+    from bench.chat_sessions import ChatShape
+    from bench.report import write
+    from bench.scenarios import BenchConfig, bench_paths, run_scenarios
+    from pipelines.config import PipelineConfig
+    from pipelines.corpus_maker import CorpusSpec, make_corpus, write_corpus
+    from scheduler.slo import SLO
+    from serving.launcher import ReplicaSet
+    from serving.tokenizer import tokenizer_for
+
+    rate = RATE if rate is None else rate
+    docs = DOCS if docs is None else docs
+    window_s = WINDOW_S if window_s is None else window_s
     model_path = latency_model or Path("engine_configs/fits") / f"{config.name}.json"
     if not model_path.is_file():
-        raise fail(f"no latency model at {model_path}: fit one with `nightshift calibrate "
-                   f"--engine-config {engine_config} --out {model_path}`")
+        raise fail(
+            f"no latency model at {model_path}: fit one with `nightshift calibrate "
+            f"--engine-config {engine_config} --out {model_path}`"
+        )
     slo = None
     if itl_slo_ms is not None and ttft_slo_ms is not None:
         slo = SLO(chat_itl_p99_ms=itl_slo_ms, chat_ttft_p99_ms=ttft_slo_ms, window_s=window_s)
     factor = scale if scale is not None else (0.1 if config.hardware.kind == "cpu" else 1.0)
     tokenizer = tokenizer_for(config)
     cfg = BenchConfig(
-        engine_config=str(engine_config), corpus="", latency_model=str(model_path),
+        engine_config=str(engine_config),
+        corpus="",
+        latency_model=str(model_path),
         chat=ChatLoadSpec(shape=ChatShape().scaled(factor), rate=rate, seed=seed),
-        scenarios=chosen, duration_s=duration, slo=slo, slo_factor=slo_factor,
-        window_s=window_s, results=str(results),
-        pipeline=PipelineConfig(max_model_len=int(config.flag("max-model-len", 32768)),
-                                ignore_eos=config.model.local_name is not None,
-                                section_summary_tokens=64, final_summary_tokens=96))
+        scenarios=chosen,
+        duration_s=duration,
+        slo=slo,
+        slo_factor=slo_factor,
+        window_s=window_s,
+        results=str(results),
+        **({"static_sweep": sweep} if sweep else {}),
+        pipeline=PipelineConfig(
+            max_model_len=int(config.flag("max-model-len", 32768)),
+            ignore_eos=config.model.local_name is not None,
+            section_summary_tokens=64,
+            final_summary_tokens=96,
+        ),
+    )
     out_dir = bench_paths(results, cfg.bench_id)
-    cfg.corpus = str(write_corpus(make_corpus(
-        CorpusSpec(docs=docs, min_tokens=min_tokens, max_tokens=max_tokens, seed=seed), tokenizer),
-        out_dir / "corpus.parquet"))
+    cfg.corpus = str(
+        write_corpus(
+            make_corpus(
+                CorpusSpec(docs=docs, min_tokens=min_tokens, max_tokens=max_tokens, seed=seed),
+                tokenizer,
+            ),
+            out_dir / "corpus.parquet",
+        )
+    )
     with ReplicaSet(results / "engines").running(config, str(engine_config), port) as started:
         replicas = [(r.name, r.base_url) for r in started]
         out = run_scenarios(cfg, replicas, config.model.served_name, tokenizer)
@@ -85,6 +168,24 @@ def bench(
     md, page = write(out, out_dir, command)
     typer.echo(md.read_text())
     typer.echo(f"OUT.json: {json_out}\nreport: {page}")
+
+
+def _parse_sweep(text: str | None) -> tuple[tuple[int, int], ...] | None:
+    """`1x512,2x1024` → ((1, 512), (2, 1024)); None when not given."""
+    if text is None:
+        return None
+    caps = []
+    for item in (t.strip() for t in text.split(",") if t.strip()):
+        seats, _, chunk = item.partition("x")
+        if not (seats.isdigit() and chunk.isdigit() and int(seats) >= 1 and int(chunk) >= 1):
+            raise fail(
+                f"--static-sweep {item!r}: write SEATSxCHUNK with positive whole numbers, "
+                "e.g. 2x1024"
+            )
+        caps.append((int(seats), int(chunk)))
+    if not caps:
+        raise fail("--static-sweep is empty: give at least one SEATSxCHUNK, e.g. 2x1024")
+    return tuple(caps)
 
 
 def _load(results: Path, run_ids: list[str]) -> None:

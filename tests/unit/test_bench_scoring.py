@@ -1,4 +1,4 @@
-from bench.scenarios import pick_static
+from bench.verdicts import pick_static
 from bench.scoring import (
     batch_throughput,
     bound_tokens_per_s,

@@ -1,0 +1,284 @@
+"""The side-by-side benchmark in the simulator: `nightshift bench --sim`.
+
+The real benchmark (bench/scenarios.py) needs a replica, a tokenizer and wall time, so it can only
+measure the hardware at hand. This runs the same scenarios on simulated replicas of any engine
+config, the 70B/2×H100 profile included, in virtual time:
+
+- `chat-only`: the chat load alone (its p99s set the SLO unless one is given).
+- `uncontrolled`: the whole backlog at once, documents whole, no admission control.
+- `static`: a sweep of fixed caps (seats × section tokens); the best that held the SLO in every
+  window, chosen in hindsight.
+- `controlled`: the SLO controller, one object for every replica, as the Gate runs it.
+
+Every scenario shares the engine, the chat workload, the backlog and the seed; only the admission
+policy differs. Chat is the same random stream in each, though a session's next turn follows its
+answer, so a replica slowed by batch work also shifts later chat arrivals, as it would real users'. Scoring goes through bench/scoring.py
+over the same record shapes the real bench scores (chat `RequestRecord`s with their token gaps,
+batch request rows), so a simulated OUT.json reads exactly like a real one. Each scenario is written
+as a run directory under `results/runs/`, as the real runs are, for the warehouse to load.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+
+from bench.controller_targets import CHUNKS, MAP_MIN_SECTION, SEATS
+from bench.scoring import (
+    batch_throughput,
+    bound_tokens_per_s,
+    chat_decode_load,
+    chat_latency,
+    window_verdicts,
+)
+from bench.verdicts import pick_static, slo_from_chat_only, step_chunk_cap, summary
+from scheduler.admission import AdmissionPolicy, NoAdmissionControl, StaticCaps
+from scheduler.controller import ControllerConfig, SLOController
+from scheduler.records import RequestRecord, TokenGap
+from scheduler.slo import SLO
+from scheduler.step import StepTimeModel
+from simulator.config import ChatWorkload, SimConfig
+from simulator.run import SimResult, simulate
+
+SCENARIOS = ("chat-only", "uncontrolled", "static", "controlled")
+CHAT_SIZES = ("system_prompt_tokens", "context_tokens", "user_tokens", "output_tokens")
+"""Token sizes of the simulator's chat session that `--scale` multiplies."""
+POLICIES = {
+    "chat-only": "chat-only",
+    "uncontrolled": "none",
+    "static": "static",
+    "controlled": "slo",
+}
+"""The runs table's policy of each scenario, as the real benchmark writes it."""
+
+
+@dataclass(frozen=True)
+class GpuDefaults:
+    """Settings a GPU profile gets when the command line leaves them out: the load and SLO of
+    issue 3's 70B/2×H100 workload, and the sweep and controller tuning bench/controller_targets.py
+    compared there. CPU profiles take the real benchmark's defaults instead."""
+
+    rate: float = 5.0
+    """Chat requests per second."""
+    window_s: float = 60.0
+    """SLO window."""
+    docs: int = 300
+    """Backlog documents: more than any policy finishes in an hour, so none runs dry."""
+    doc_tokens: int = 80_000
+    """Tokens per document."""
+    itl_slo_ms: float = 50.0
+    """Chat ITL p99 SLO."""
+    ttft_slo_ms: float = 1000.0
+    """Chat TTFT p99 SLO."""
+    static_sweep: tuple[tuple[int, int], ...] = tuple((s, c) for s in SEATS for c in CHUNKS)
+    """Seats × section tokens of the static sweep."""
+    min_section_tokens: int = MAP_MIN_SECTION
+    """Smallest section (and cold-start section) the controller cuts."""
+
+
+GPU = GpuDefaults()
+
+
+@dataclass
+class SimBench:
+    """One `bench --sim` invocation: the simulated replicas, their load, and how to score them."""
+
+    base: SimConfig
+    """Engine, chat workload, backlog, control loop, duration and seed every scenario shares."""
+    model: StepTimeModel
+    """Step-time model of the replica: the profile's roofline, or a fit."""
+    profile: str
+    """Engine config name, written into OUT.json and the runs table."""
+    scenarios: tuple[str, ...] = SCENARIOS
+    """Scenarios to run; chat-only always runs, as the baseline."""
+    slo: SLO | None = None
+    """Fixed SLO; None derives it from the chat-only run (`slo_factor` × its p99s)."""
+    slo_factor: float = 3.0
+    """SLO = this × the chat-only p99s, when no SLO is given."""
+    window_s: float = 15.0
+    """SLO window of a derived SLO."""
+    static_sweep: tuple[tuple[int, int], ...] = ((1, 512), (2, 1024), (4, 2048))
+    """Seats × section tokens of the static sweep."""
+    controller: ControllerConfig = field(default_factory=ControllerConfig)
+    """Tuning of the SLO controller of `controlled`."""
+    results: str = "results"
+    """Where run directories go (`results/runs/<run_id>`)."""
+    bench_id: str = field(default_factory=lambda: time.strftime("bench-sim-%Y%m%d-%H%M%S"))
+    """Prefix of every run id of this invocation."""
+    hardware_count: int = 1
+    """Devices per replica, for the runs table's cost columns."""
+    hourly_usd: float = 0.0
+    """Price of one replica-hour, for the runs table's cost columns."""
+
+
+@dataclass
+class SimScenario:
+    """What one simulated scenario produced, in the real bench's record shapes."""
+
+    name: str
+    run_id: str
+    chat: list[RequestRecord]
+    batch_rows: list[dict]
+    docs_done: int
+
+
+def chat_workload(rate: float, scale: float) -> ChatWorkload:
+    """The simulator's chat session shape (shared system prompt, retrieved context, multi-turn) at
+    `rate`, its token sizes × `scale`, as the real bench scales its chat shape on a CPU."""
+    base = ChatWorkload()
+    sizes = {k: max(1, round(getattr(base, k) * scale)) for k in CHAT_SIZES}
+    return ChatWorkload(rate=rate, **sizes)
+
+
+def run_sim_scenarios(bench: SimBench, progress: Callable[[str], None] | None = None) -> dict:
+    """Simulate every scenario of `bench` and return OUT.json's content (the real bench's shape,
+    plus `mode` and `profile`)."""
+    say = progress or (lambda _line: None)
+    baseline_result = simulate_scenario(
+        bench, "chat-only", StaticCaps(0, 1), bench.slo or SLO(), docs=0
+    )
+    baseline = scenario_records(baseline_result, "chat-only")
+    slo = bench.slo or slo_from_chat_only(
+        chat_latency(baseline.chat), bench.slo_factor, bench.window_s
+    )
+    _write_run(bench, baseline_result, "chat-only", slo)
+    say(_line("chat-only", baseline_result.summary))
+    del baseline_result
+    runs: dict[str, SimScenario] = {"chat-only": baseline} if "chat-only" in bench.scenarios else {}
+    sweep: dict[str, SimScenario] = {}
+    for name in bench.scenarios:
+        if name == "uncontrolled":
+            runs[name] = _run(bench, name, "uncontrolled", NoAdmissionControl(), slo, say)
+        elif name == "static":
+            for seats, chunk in bench.static_sweep:
+                key = f"static-{seats}x{chunk}"
+                sweep[key] = _run(bench, key, "static", StaticCaps(seats, chunk), slo, say)
+        elif name == "controlled":
+            ctrl = SLOController(slo, bench.model, bench.controller)
+            runs[name] = _run(bench, name, "controlled", ctrl, slo, say)
+    return _out(bench, slo, baseline, runs, sweep)
+
+
+def _out(bench: SimBench, slo: SLO, baseline: SimScenario, runs: dict, sweep: dict) -> dict:
+    scored = {name: score(run, slo, bench.base.duration_s) for name, run in runs.items()}
+    if sweep:
+        scored_sweep = {k: score(r, slo, bench.base.duration_s) for k, r in sweep.items()}
+        best = pick_static(scored_sweep)
+        scored["static"] = {**scored_sweep[best], "caps": best, "sweep": scored_sweep}
+        runs["static"] = sweep[best]
+    scored = {name: scored[name] for name in SCENARIOS if name in scored}
+    controlled = runs.get("controlled") or baseline
+    out = {
+        "mode": "sim",
+        "profile": bench.profile,
+        "bench_id": bench.bench_id,
+        "scenarios": scored,
+        "slo": slo.model_dump(),
+        "run_ids": {n: r.run_id for n, r in {"chat-only": baseline, **runs, **sweep}.items()},
+    }
+    out["summary"] = summarize(scored, bench, controlled, slo)
+    return out
+
+
+def score(run: SimScenario, slo: SLO, duration_s: float) -> dict:
+    """The real bench's scenario figures; windows count from virtual time 0."""
+    verdicts = window_verdicts(run.chat, 0.0, duration_s, slo)
+    chat = chat_latency(run.chat)
+    if "itl_source" in chat:
+        # Simulated token times are the engine's step ends: no client in between to add noise.
+        chat["itl_source"] = "simulator"
+    chat["slo_windows_met"] = sum(verdicts) / len(verdicts)
+    batch = batch_throughput(run.batch_rows, 0.0, duration_s, slo, verdicts)
+    return {"run_id": run.run_id, "chat": chat, "batch": {**batch, "docs_done": run.docs_done}}
+
+
+def summarize(scored: dict, bench: SimBench, controlled: SimScenario, slo: SLO) -> dict:
+    """The real bench's summary; the bound comes from the replica's own step-time model."""
+    engine = bench.base.engine
+    seqs, ctx = chat_decode_load(controlled.chat, 0.0, bench.base.duration_s)
+    cap = step_chunk_cap(
+        engine.max_num_batched_tokens if engine.enable_chunked_prefill else None,
+        engine.long_prefill_token_threshold,
+        engine.max_model_len,
+        seqs,
+    )
+    bound = bound_tokens_per_s(bench.model, slo, seqs, ctx, max_chunk=cap)
+    return summary(scored, slo, bound, seqs, ctx)
+
+
+def _run(
+    bench: SimBench,
+    name: str,
+    scenario: str,
+    policy: AdmissionPolicy,
+    slo: SLO,
+    say: Callable[[str], None],
+) -> SimScenario:
+    result = simulate_scenario(bench, name, policy, slo, docs=bench.base.batch.docs)
+    _write_run(bench, result, scenario, slo)
+    say(_line(name, result.summary))
+    return scenario_records(result, name)
+
+
+def simulate_scenario(
+    bench: SimBench, name: str, policy: AdmissionPolicy, slo: SLO, docs: int
+) -> SimResult:
+    """Scenario `name` of `bench`: the shared settings under its own run id, the SLO in force and
+    `docs` documents, with `policy` deciding for every replica."""
+    data = bench.base.model_dump()
+    data["run_id"] = f"{bench.bench_id}-{name}"
+    data["slo"] = slo.model_dump()
+    data["batch"]["docs"] = docs
+    return simulate(SimConfig.model_validate(data), bench.model, lambda _replica: policy)
+
+
+def scenario_records(result: SimResult, name: str) -> SimScenario:
+    """The run's records as the real bench holds them: chat records carry their token gaps."""
+    rec = result.sim.recorder
+    chat: list[RequestRecord] = []
+    batch: list[dict] = []
+    for r, gaps, times in zip(rec.records, rec.gaps, rec.gap_times, strict=True):
+        if r.cls == "batch":
+            batch.append(r.row())
+            continue
+        pairs = zip(gaps.tolist(), times.tolist(), strict=True)
+        chat.append(
+            replace(r, gaps=[TokenGap(r.request_id, i, g, t) for i, (g, t) in enumerate(pairs)])
+        )
+    return SimScenario(name, rec.run_id, chat, batch, result.sim.dispatcher.docs_done)
+
+
+def _write_run(bench: SimBench, result: SimResult, scenario: str, slo: SLO) -> None:
+    """The scenario as a run directory the warehouse loads like a real run (virtual seconds)."""
+    from warehouse.run_files import RunMeta, run_dir, write_meta, write_table
+
+    cfg = result.sim.cfg
+    directory = run_dir(bench.results, cfg.run_id)
+    directory.mkdir(parents=True, exist_ok=True)
+    for table_name, table in result.tables().items():
+        write_table(directory, table_name, table, run_id=cfg.run_id)
+    write_meta(
+        directory,
+        RunMeta(
+            run_id=cfg.run_id,
+            engine_config=bench.profile,
+            policy=POLICIES[scenario],
+            hardware_count=bench.hardware_count,
+            replicas=cfg.replicas,
+            hourly_usd=bench.hourly_usd,
+            slo=slo.model_dump(),
+            started=0.0,
+            ended=cfg.duration_s,
+        ),
+    )
+
+
+def _line(name: str, summary: dict) -> str:
+    """Progress: the simulator's own summary of a scenario, before scoring."""
+    itl, batch = summary["chat"]["itl_ms"]["p99"], summary["batch"]
+    return (
+        f"{name}: chat ITL p99 {'-' if itl is None else f'{itl:.1f}'} ms, batch "
+        f"{batch['tokens_per_s']:,.0f} tok/s, {batch['docs_done']} documents "
+        f"({summary['wall_seconds']:.1f} s wall)"
+    )

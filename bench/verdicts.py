@@ -1,0 +1,80 @@
+"""What the real and the simulated benchmark conclude from scored scenarios, in one place.
+
+Both benches score their runs with bench/scoring.py; from there on the judgement is the same: the
+SLO derived from chat alone, which static caps count as "best", the summary ratios and the bound.
+Pure: scored dictionaries in, figures out.
+"""
+
+from __future__ import annotations
+
+from scheduler.slo import SLO
+
+
+def slo_from_chat_only(chat: dict, factor: float, window_s: float) -> SLO:
+    """`factor` × chat-only's ITL and TTFT p99s (`chat` is a scored scenario's "chat")."""
+    itl, ttft = chat["itl_ms"]["p99"], chat["ttft_ms"]["p99"]
+    if itl is None or ttft is None:
+        raise ValueError(
+            "the chat-only run streamed no chat tokens, so there is no SLO to derive: check the "
+            "replica serves and the chat rate is above 0, or give --itl-slo-ms and --ttft-slo-ms"
+        )
+    return SLO(
+        chat_itl_p99_ms=round(itl * factor, 1),
+        chat_ttft_p99_ms=round(ttft * factor, 1),
+        window_s=window_s,
+    )
+
+
+def holds(s: dict) -> bool:
+    """Chat held the SLO in every window, without a failed request."""
+    return s["chat"]["slo_windows_met"] == 1.0 and s["chat"]["errors"] == 0
+
+
+def pick_static(sweep: dict[str, dict]) -> str:
+    """The caps with the most batch throughput among those that held the SLO in every window;
+    when none did, the one that met the most windows (and `static_held_slo` says so)."""
+    holding = [k for k, s in sweep.items() if holds(s)]
+    if holding:
+        return max(holding, key=lambda k: sweep[k]["batch"]["tokens_per_s"])
+    return max(sweep, key=lambda k: sweep[k]["chat"]["slo_windows_met"])
+
+
+def step_chunk_cap(
+    step_tokens: int | None, long_prefill_threshold: int, max_model_len: int, decode_seqs: float
+) -> int:
+    """Largest batch prefill chunk one engine step can carry beside `decode_seqs` chat decodes.
+
+    The step budget (`step_tokens`, None without chunked prefill) counts decode tokens too, and
+    the long-prefill threshold caps one request's chunk; a bound that ignored them would price
+    steps the engine never runs."""
+    if step_tokens is None:
+        return max_model_len
+    cap = step_tokens - round(decode_seqs)
+    if long_prefill_threshold > 0:
+        cap = min(cap, long_prefill_threshold)
+    return max(1, cap)
+
+
+def summary(scored: dict, slo: SLO, bound: float, decode_seqs: float, context: float) -> dict:
+    """OUT.json's summary: the ratios the benchmark's targets are stated in, and the bound."""
+
+    def batch(name: str, key: str = "tokens_per_s") -> float | None:
+        return scored[name]["batch"][key] if name in scored else None
+
+    def ratio(a: float | None, b: float | None) -> float | None:
+        return None if a is None or not b else a / b
+
+    unc = scored.get("uncontrolled")
+    unc_itl = unc["chat"]["itl_ms"]["p99"] if unc else None
+    return {
+        "controlled_vs_uncontrolled_batch": ratio(batch("controlled"), batch("uncontrolled")),
+        "controlled_vs_static_batch": ratio(
+            batch("controlled", "goodput_tokens_per_s"), batch("static", "goodput_tokens_per_s")
+        ),
+        "uncontrolled_itl_p99_over_slo": unc_itl / slo.chat_itl_p99_ms if unc_itl else None,
+        "static_held_slo": holds(scored["static"]) if "static" in scored else None,
+        "bound_tokens_per_s": bound,
+        "controlled_fraction_of_bound": ratio(batch("controlled", "goodput_tokens_per_s"), bound),
+        "chat_decode_seqs": decode_seqs,
+        "chat_decode_context": context,
+    }

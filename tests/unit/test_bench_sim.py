@@ -1,0 +1,194 @@
+"""`nightshift bench --sim`: the real bench's scenarios, OUT.json, records and report, simulated."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import duckdb
+import pytest
+import typer
+from typer.testing import CliRunner
+
+from bench.scenarios import ScenarioRun
+from bench.scenarios import score as real_score
+from bench.sim_scenarios import (
+    SimBench,
+    chat_workload,
+    run_sim_scenarios,
+    scenario_records,
+    score,
+    simulate_scenario,
+)
+from bench.verdicts import step_chunk_cap
+from flows.cli_bench import register
+from flows.cli_simulate import engine_params, load_profile, sim_config, step_model
+from scheduler.admission import NoAdmissionControl
+from scheduler.slo import SLO
+
+ROOT = Path(__file__).resolve().parents[2]
+PROFILE = ROOT / "engine_configs" / "h100x2-llama-3.1-70b-fp8.yaml"
+SCENARIOS = {"chat-only", "uncontrolled", "static", "controlled"}
+QUANTILES = {"p50", "p95", "p99"}
+
+
+def _bench(*args: str, profile: Path | str = PROFILE):
+    app = typer.Typer()
+
+    @app.callback()
+    def main() -> None:
+        """Test app: a callback keeps `bench` a subcommand."""
+
+    register(app)
+    return CliRunner().invoke(app, ["bench", "--sim", "--engine-config", str(profile), *args])
+
+
+@pytest.fixture(scope="module")
+def sim_run(tmp_path_factory):
+    """Two simulated minutes with a few 80k-token documents: long enough for attention late in a
+    document to show in chat ITL when nothing holds batch back."""
+    results = tmp_path_factory.mktemp("bench-sim")
+    out_path = results / "out.json"
+    result = _bench(
+        "--duration",
+        "120",
+        "--docs",
+        "8",
+        "--static-sweep",
+        "1x2048,4x4096",
+        "--results",
+        str(results),
+        "--json",
+        str(out_path),
+    )
+    assert result.exit_code == 0, result.output
+    return json.loads(out_path.read_text()), results, result.output
+
+
+def test_out_json_has_the_real_bench_shape(sim_run) -> None:
+    out, _, _ = sim_run
+    assert out["mode"] == "sim" and out["profile"] == "h100x2-llama-3.1-70b-fp8"
+    assert set(out["scenarios"]) == SCENARIOS
+    for s in out["scenarios"].values():
+        chat, batch = s["chat"], s["batch"]
+        assert all(set(chat[k]) == QUANTILES for k in ("ttft_ms", "itl_ms", "e2e_ms"))
+        assert 0.0 <= chat["slo_windows_met"] <= 1.0 and chat["errors"] == 0
+        assert {"tokens_per_s", "docs_done", "goodput_tokens_per_s"} <= set(batch)
+        assert batch["goodput_tokens_per_s"] <= batch["tokens_per_s"] + 1e-9
+    assert out["scenarios"]["static"]["caps"] in {"static-1x2048", "static-4x4096"}
+    assert out["slo"]["chat_itl_p99_ms"] == 50.0 and out["slo"]["chat_ttft_p99_ms"] == 1000.0
+    summary = out["summary"]
+    assert {
+        "controlled_vs_uncontrolled_batch",
+        "controlled_vs_static_batch",
+        "uncontrolled_itl_p99_over_slo",
+        "bound_tokens_per_s",
+        "controlled_fraction_of_bound",
+    } <= set(summary)
+    goodput = out["scenarios"]["controlled"]["batch"]["goodput_tokens_per_s"]
+    assert summary["bound_tokens_per_s"] > 0
+    assert summary["controlled_fraction_of_bound"] == pytest.approx(
+        goodput / summary["bound_tokens_per_s"]
+    )
+
+
+def test_uncontrolled_batch_hurts_chat_itl_more_than_the_controller(sim_run) -> None:
+    scenarios = sim_run[0]["scenarios"]
+    uncontrolled = scenarios["uncontrolled"]["chat"]["itl_ms"]["p99"]
+    assert uncontrolled > scenarios["controlled"]["chat"]["itl_ms"]["p99"]
+    assert uncontrolled > scenarios["chat-only"]["chat"]["itl_ms"]["p99"]
+
+
+def test_every_run_reaches_the_warehouse_and_the_report(sim_run) -> None:
+    out, results, stdout = sim_run
+    con = duckdb.connect(str(results / "nightshift.duckdb"), read_only=True)
+    try:
+        loaded = {r[0] for r in con.execute("SELECT run_id FROM runs").fetchall()}
+        (chat_rows,) = con.execute("SELECT count(*) FROM requests WHERE class = 'chat'").fetchone()
+    finally:
+        con.close()
+    assert loaded == set(out["run_ids"].values())
+    assert len(loaded) == 5 and chat_rows > 0  # chat-only, uncontrolled, 2 static, controlled
+    report = results / "bench" / out["bench_id"]
+    assert (report / "bench.html").is_file()
+    assert "static-4x4096" in (report / "bench.md").read_text()
+    assert "| controlled |" in stdout
+
+
+def test_scoring_matches_the_real_bench_on_the_same_records() -> None:
+    profile = load_profile(PROFILE, [])
+    base = sim_config(
+        profile,
+        engine=engine_params(profile),
+        chat=chat_workload(5.0, 1.0).model_dump(),
+        batch={"docs": 2, "doc_tokens": 20_000},
+        duration_s=60.0,
+    )
+    bench = SimBench(
+        base=base, model=step_model(profile, None), profile=profile.name, results="unused"
+    )
+    slo = SLO(chat_itl_p99_ms=50, chat_ttft_p99_ms=1000, window_s=20)
+    result = simulate_scenario(bench, "uncontrolled", NoAdmissionControl(), slo, docs=2)
+    run = scenario_records(result, "uncontrolled")
+    real = real_score(
+        ScenarioRun(run.name, run.run_id, 0.0, 60.0, run.chat, run.batch_rows, run.docs_done), slo
+    )
+    ours = score(run, slo, 60.0)
+    ours["chat"].pop("itl_source", None)
+    real["chat"].pop("itl_source", None)
+    assert ours == real
+    assert len(run.chat) > 0 and len(run.batch_rows) > 0
+
+
+def test_chat_only_derives_the_slo_when_none_is_given(tmp_path) -> None:
+    profile = load_profile(PROFILE, [])
+    base = sim_config(
+        profile,
+        engine=engine_params(profile),
+        chat=chat_workload(5.0, 1.0).model_dump(),
+        duration_s=60.0,
+    )
+    bench = SimBench(
+        base=base,
+        model=step_model(profile, None),
+        profile=profile.name,
+        scenarios=("chat-only",),
+        slo_factor=2.0,
+        window_s=30.0,
+        results=str(tmp_path),
+    )
+    out = run_sim_scenarios(bench)
+    itl = out["scenarios"]["chat-only"]["chat"]["itl_ms"]["p99"]
+    assert out["slo"]["chat_itl_p99_ms"] == pytest.approx(round(itl * 2.0, 1))
+    assert out["slo"]["window_s"] == 30.0
+    assert out["scenarios"]["chat-only"]["chat"]["slo_windows_met"] == 1.0
+
+
+def test_bound_chunk_is_what_one_engine_step_can_carry() -> None:
+    assert step_chunk_cap(272, 200, 32_768, 36.4) == 200  # the threshold caps one request's chunk
+    assert step_chunk_cap(272, 0, 32_768, 36.4) == 236
+    assert step_chunk_cap(16, 0, 32_768, 40) == 1
+    assert step_chunk_cap(None, 0, 32_768, 10) == 32_768  # no chunked prefill: whole prompts
+
+
+@pytest.mark.parametrize(
+    ("args", "words"),
+    [
+        (["--static-sweep", "2by1024"], "SEATSxCHUNK"),
+        (["--duration", "0"], "--duration"),
+        (["--scenarios", "chat-only,clever"], "choose from"),
+        (["--latency-model", "/nonexistent/fit.json"], "not a latency model file"),
+    ],
+)
+def test_bad_input_names_the_problem(args, words, tmp_path) -> None:
+    result = _bench("--results", str(tmp_path), "--json", str(tmp_path / "o.json"), *args)
+    assert result.exit_code == 2
+    assert words in result.output
+    assert not (tmp_path / "o.json").exists()
+
+
+def test_a_cpu_profile_without_a_fit_says_how_to_get_one(tmp_path, monkeypatch) -> None:
+    monkeypatch.chdir(ROOT)  # the default fit is looked up under engine_configs/fits
+    result = _bench("--results", str(tmp_path), profile="engine_configs/cpu-tiny.yaml")
+    assert result.exit_code == 2
+    assert "nightshift calibrate" in result.output
