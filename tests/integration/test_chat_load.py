@@ -51,7 +51,9 @@ async def test_a_short_run_records_every_request_and_reuses_the_shared_prefix(
     assert req["sent"] >= 4 and req["ok"] == req["sent"] == len(result.records)
     for turn in result.turns:
         r = turn.record
-        assert r.output_tokens == turn.plan.output_tokens and len(r.gaps) == r.output_tokens - 1
+        assert r.output_tokens == turn.plan.output_tokens
+        # One gap per streamed chunk: a lagging API server merges several steps into one chunk.
+        assert 1 <= len(r.gaps) <= r.output_tokens - 1
         assert r.ttft_s is not None and 0 < r.ttft_s <= r.e2e_s
         # Sizes are planned with the served tokenizer and the model's template: exact.
         assert abs(r.prompt_tokens - turn.planned_prompt_tokens) <= 2
