@@ -139,6 +139,19 @@ def figures_sim(result, bounds: tuple[float, ...], duration_s: float) -> dict:
     }
 
 
+def write_records(directory: Path, run: RealRun, result) -> None:
+    """Both sides' request rows as JSON lines, times relative to the start of the run."""
+    directory.mkdir(parents=True, exist_ok=True)
+    sides = {"real": (run.chat + run.batch, run.t0), "sim": (result.sim.recorder.records, 0.0)}
+    for side, (records, t0) in sides.items():
+        with (directory / f"{side}.jsonl").open("w") as fh:
+            for r in records:
+                row = r.row()
+                for key in ("t_submit", "t_first_token", "t_end"):
+                    row[key] = None if row[key] is None else row[key] - t0
+                fh.write(json.dumps(row) + "\n")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--engine-config", default="engine_configs/cpu-small.yaml")
@@ -153,9 +166,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seats", type=int, default=2)
     parser.add_argument("--doc-tokens", type=int, default=6000)
     parser.add_argument("--output-tokens", type=int, default=64)
+    parser.add_argument("--warmup", type=float, default=30.0, help="unmeasured seconds first")
     parser.add_argument("--port", type=int, default=8650)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", type=Path, default=Path("results/fidelity.json"))
+    parser.add_argument(
+        "--records",
+        type=Path,
+        default=None,
+        help="also write both sides' request records here (real.jsonl, sim.jsonl)",
+    )
     args = parser.parse_args(argv)
 
     from bench.chat_load import ChatLoadSpec
@@ -186,6 +206,7 @@ def main(argv: list[str] | None = None) -> int:
         doc_tokens=args.doc_tokens,
         output_tokens=args.output_tokens,
         seed=args.seed,
+        warmup_s=args.warmup,
     )
     tokenizer = tokenizer_for(config)
     with ReplicaSet(Path("results/engines")).running(config, args.engine_config, args.port) as r:
@@ -207,6 +228,8 @@ def main(argv: list[str] | None = None) -> int:
         client_itl_p99_ms=p99_ms([g.gap_s for r in run.chat for g in r.gaps]),
         sim_wall_seconds=result.summary["wall_seconds"],
     )
+    if args.records is not None:
+        write_records(args.records, run, result)
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(out, indent=2) + "\n")
     _print(out)

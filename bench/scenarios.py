@@ -18,7 +18,7 @@ streamed gaps are reported beside it.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from bench.chat_load import ChatLoadSpec
@@ -50,6 +50,9 @@ class BenchConfig:
     chat: ChatLoadSpec
     scenarios: tuple[str, ...] = SCENARIOS
     duration_s: float = 90.0
+    warmup_s: float = 30.0
+    """Unmeasured seconds of chat plus uncontrolled batch before the first scenario: a fresh CPU
+    engine runs its first tens of seconds of mixed load several times slower (new step shapes)."""
     slo: SLO | None = None
     """Fixed SLO; None derives it from the chat-only run (`slo_factor` × its p99s)."""
     slo_factor: float = 3.0
@@ -79,6 +82,9 @@ def run_scenarios(cfg: BenchConfig, replicas: list[tuple[str, str]], model: str,
                   tokenizer) -> dict:
     """Run every scenario on `replicas` and return OUT.json's content."""
     runs: dict[str, ScenarioRun] = {}
+    if cfg.warmup_s > 0:
+        warm = replace(cfg, duration_s=cfg.warmup_s)
+        _with_batch(warm, "warmup", replicas, model, tokenizer, SLO(), "none")
     baseline = _chat_only(cfg, replicas, model, tokenizer)
     slo = cfg.slo or derive_slo(baseline, cfg.slo_factor, cfg.window_s)
     if "chat-only" in cfg.scenarios:
@@ -194,8 +200,6 @@ def _with_batch(cfg: BenchConfig, name: str, replicas, model, tokenizer, slo: SL
 
 
 def _chat_spec(cfg: BenchConfig) -> ChatLoadSpec:
-    from dataclasses import replace
-
     return replace(cfg.chat, duration_s=cfg.duration_s)
 
 

@@ -25,6 +25,7 @@ def bench(
         "chat-only,uncontrolled,static,controlled", help="Comma-separated scenarios to run."
     ),
     duration: float = typer.Option(90.0, help="Seconds per scenario."),
+    warmup: float = typer.Option(30.0, help="Unmeasured seconds of mixed load first (real bench)."),
     json_out: Path = typer.Option(Path("results/bench.json"), "--json", help="OUT.json path."),
     rate: float = typer.Option(
         None, min=0, help="Chat requests per second (Poisson; default 1.5, 5 in --sim on a GPU)."
@@ -135,6 +136,7 @@ def bench(
         chat=ChatLoadSpec(shape=ChatShape().scaled(factor), rate=rate, seed=seed),
         scenarios=chosen,
         duration_s=duration,
+        warmup_s=warmup,
         slo=slo,
         slo_factor=slo_factor,
         window_s=window_s,

@@ -1,4 +1,3 @@
-from bench.verdicts import pick_static
 from bench.scoring import (
     batch_throughput,
     bound_tokens_per_s,
@@ -6,6 +5,7 @@ from bench.scoring import (
     chat_latency,
     window_verdicts,
 )
+from bench.verdicts import pick_static
 from scheduler.latency_model import LatencyModel
 from scheduler.records import RequestRecord
 from scheduler.slo import SLO
