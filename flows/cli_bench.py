@@ -11,7 +11,7 @@ import typer
 
 from flows.cli_engine import fail, load_config_or_exit
 
-RATE, DOCS, WINDOW_S = 1.5, 60, 15.0
+RATE, DOCS, WINDOW_S = 1.5, 200, 15.0
 """Defaults of --rate, --docs and --window-s (a CPU replica's; `--sim` on a GPU profile has its own)."""
 
 
@@ -34,7 +34,10 @@ def bench(
         None, help="Fitted latency model (default engine_configs/fits/<config name>.json)."
     ),
     docs: int = typer.Option(
-        None, min=0, help="Documents in the benchmark corpus (default 60, 300 in --sim on a GPU)."
+        None,
+        min=0,
+        help="Documents in the benchmark corpus, more than any scenario finishes "
+        "(default 200, 300 in --sim on a GPU).",
     ),
     min_tokens: int = typer.Option(2000, help="Shortest document."),
     max_tokens: int = typer.Option(12000, help="Longest document."),
