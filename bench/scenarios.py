@@ -55,6 +55,8 @@ class BenchConfig:
     engine runs its first tens of seconds of mixed load several times slower (new step shapes)."""
     slo: SLO | None = None
     """Fixed SLO; None derives it from the chat-only run (`slo_factor` × its p99s)."""
+    fixed_ttft_slo_ms: float | None = None
+    """With a derived SLO: a fixed TTFT target instead of `slo_factor` × chat-only's TTFT p99."""
     slo_factor: float = 3.0
     window_s: float = 15.0
     static_sweep: tuple[tuple[int, int], ...] = ((1, 512), (2, 1024), (4, 2048))
@@ -87,6 +89,8 @@ def run_scenarios(cfg: BenchConfig, replicas: list[tuple[str, str]], model: str,
         _with_batch(warm, "warmup", replicas, model, tokenizer, SLO(), "none")
     baseline = _chat_only(cfg, replicas, model, tokenizer)
     slo = cfg.slo or derive_slo(baseline, cfg.slo_factor, cfg.window_s)
+    if cfg.slo is None and cfg.fixed_ttft_slo_ms is not None:
+        slo = slo.model_copy(update={"chat_ttft_p99_ms": cfg.fixed_ttft_slo_ms})
     if "chat-only" in cfg.scenarios:
         runs["chat-only"] = baseline
     sweep: dict[str, ScenarioRun] = {}

@@ -42,8 +42,10 @@ def bench(
     min_tokens: int = typer.Option(2000, help="Shortest document."),
     max_tokens: int = typer.Option(12000, help="Longest document."),
     slo_factor: float = typer.Option(3.0, help="SLO = this × the chat-only p99s, unless given."),
-    itl_slo_ms: float = typer.Option(None, help="Fixed chat ITL p99 SLO."),
-    ttft_slo_ms: float = typer.Option(None, help="Fixed chat TTFT p99 SLO."),
+    itl_slo_ms: float = typer.Option(None, help="Fixed chat ITL p99 SLO (with --ttft-slo-ms)."),
+    ttft_slo_ms: float = typer.Option(
+        None, help="Fixed chat TTFT p99 SLO; alone, the ITL SLO still derives from chat-only."
+    ),
     window_s: float = typer.Option(
         None, min=1, help="SLO window in seconds (default 15, 60 in --sim on a GPU)."
     ),
@@ -127,6 +129,8 @@ def bench(
             f"no latency model at {model_path}: fit one with `nightshift calibrate "
             f"--engine-config {engine_config} --out {model_path}`"
         )
+    if itl_slo_ms is not None and ttft_slo_ms is None:
+        raise fail("--itl-slo-ms needs --ttft-slo-ms too (a TTFT SLO alone is allowed)")
     slo = None
     if itl_slo_ms is not None and ttft_slo_ms is not None:
         slo = SLO(chat_itl_p99_ms=itl_slo_ms, chat_ttft_p99_ms=ttft_slo_ms, window_s=window_s)
@@ -141,6 +145,7 @@ def bench(
         duration_s=duration,
         warmup_s=warmup,
         slo=slo,
+        fixed_ttft_slo_ms=ttft_slo_ms if slo is None else None,
         slo_factor=slo_factor,
         window_s=window_s,
         results=str(results),
