@@ -64,6 +64,7 @@ def run_real(workload: MixedWorkload, replica: tuple[str, str], model: str, toke
             workload,
             duration_s=workload.warmup_s,
             warmup_s=0.0,
+            seed=workload.seed + 1,  # other batch prompts: none may be a prefix-cache hit later
             chat=replace(workload.chat, seed=workload.chat.seed + 1),
         )
         run_real(warm, replica, model, tokenizer)
