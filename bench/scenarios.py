@@ -59,6 +59,10 @@ class BenchConfig:
     """With a derived SLO: a fixed TTFT target instead of `slo_factor` × chat-only's TTFT p99."""
     slo_factor: float = 3.0
     window_s: float = 15.0
+    control_interval_s: float = 3.0
+    """Seconds between the Gate's decisions. Each sees the engine's ITL over that span: at light
+    chat load a 1 s span holds a few dozen gaps, so its p99 is one slow step and the controller
+    cuts on noise; 3 s gives five decisions per 15 s SLO window on steadier readings."""
     static_sweep: tuple[tuple[int, int], ...] = ((1, 512), (2, 1024), (4, 2048))
     pipeline: PipelineConfig = field(default_factory=PipelineConfig)
     results: str = "results"
@@ -186,7 +190,7 @@ def _with_batch(cfg: BenchConfig, name: str, replicas, model, tokenizer, slo: SL
         job = run_job(JobSpec(
             corpus=cfg.corpus, engine_config=cfg.engine_config, replicas=replicas, run_id=run_id,
             results=cfg.results, pipeline=cfg.pipeline, slo=slo, policy=policy,
-            latency_model=cfg.latency_model, static_caps=static_caps, interval_s=1.0,
+            latency_model=cfg.latency_model, static_caps=static_caps, interval_s=cfg.control_interval_s,
             sensor={"kind": "vllm", "report_ttft": False}, show_progress=False,
             stop_after_s=cfg.duration_s, on_summarize_start=start_chat))
         if not started:
