@@ -257,12 +257,18 @@ def engine_params(cfg: EngineConfig, capacity: int | None = None) -> dict:
         "long_prefill_token_threshold": cfg.flag("long-prefill-token-threshold", 0),
         "max_num_seqs": cfg.flag("max-num-seqs", 256),
         "enable_prefix_caching": cfg.flag("enable-prefix-caching", True),
-        "block_size": cfg.flag("block-size", 16),
+        "block_size": cfg.flag("block-size", default_block_size(cfg)),
         "max_model_len": max_len,
         "scheduling_policy": cfg.flag("scheduling-policy", "fcfs"),
     }
     flags["kv_capacity_tokens"] = capacity if capacity is not None else kv_capacity(cfg)
     return flags
+
+
+def default_block_size(cfg: EngineConfig) -> int:
+    """vLLM's KV block size when the config leaves it out: 128 on its CPU backend, 16 on GPUs.
+    Prefix caching reuses whole blocks only, so this sets how much of a shared prompt hits."""
+    return 128 if cfg.hardware.kind == "cpu" else 16
 
 
 def sim_config(cfg: EngineConfig, **settings: Any):
