@@ -29,14 +29,15 @@ async def test_completion_and_chat_stream_with_timings(tiny_replica) -> None:
     for result, n in ((done, 24), (chat, 12)):
         rec = result.record
         assert result.ok, rec.error
-        assert rec.output_tokens == n and len(result.token_times) == n
+        # One arrival per streamed chunk; a lagging API server may merge steps into one chunk.
+        assert rec.output_tokens == n and 1 <= len(result.token_times) <= n
         assert rec.prompt_tokens > 0
         assert 0 < rec.ttft_s < 30 and rec.e2e_s >= rec.ttft_s
         assert rec.itl_p50_s > 0 and rec.itl_p99_s >= rec.itl_p50_s
-        assert len(rec.gaps) == n - 1
-    streamed_gaps = len(done.record.gaps) + len(chat.record.gaps)
+        assert len(rec.gaps) == len(result.token_times) - 1
+    # The engine observes one gap per token after the first (a decode step makes one token).
     delta = histogram_delta(after.histogram(ITL), before.histogram(ITL))
-    assert delta.count == streamed_gaps
+    assert delta.count == (24 - 1) + (12 - 1)
     ttft = histogram_delta(after.histogram("vllm:time_to_first_token_seconds"),
                            before.histogram("vllm:time_to_first_token_seconds"))
     assert ttft.count == 2

@@ -19,7 +19,8 @@ from serving.calibration_plan import CalibrationError
 from serving.step_samples import read_samples, samples_path
 
 REPO = Path(__file__).resolve().parents[2]
-COMMITTED = REPO / "engine_configs" / "fits" / "cpu-small.json"
+COMMITTED = REPO / "tests" / "unit" / "data" / "cpu-small-five-term-fit.json"
+"""The five-term fit of a real cpu-small calibration sweep, kept with its steps."""
 """A format-1 fit of a real cpu-small sweep, its steps inline (saved before samples files)."""
 TRUE = LatencyModel(
     s_per_token=4e-5,

@@ -241,9 +241,9 @@ def test_json_round_trip_keeps_coefficients_and_provenance(tmp_path):
 
 
 def test_five_coefficient_files_of_format_1_still_load(tmp_path):
-    committed = LatencyModel.from_json(REPO / "engine_configs" / "fits" / "cpu-small.json")
-    assert committed.s_per_token > 0 and committed.source["kind"] == "fit"
-    assert committed.s_per_chunk_prefix_token == committed.s_per_decode_seq == 0
+    real = LatencyModel.from_json(REPO / "tests" / "unit" / "data" / "cpu-small-five-term-fit.json")
+    assert real.s_per_token > 0 and real.source["kind"] == "fit"
+    assert real.s_per_chunk_prefix_token == real.s_per_decode_seq == 0
     five = {k: v for k, v in TRUE.coefficients().items() if k in list(TRUE.coefficients())[:5]}
     path = tmp_path / "old.json"
     for fmt in (FORMAT_V1, None):  # a hand-written file may leave the format out
