@@ -24,7 +24,8 @@ def main() -> int:
     from bench.chat_load import ChatLoadSpec
     from bench.chat_sessions import ChatShape
     from bench.chat_thread import ChatLoadThread
-    from bench.scenarios import derive_slo
+    from bench.scoring import chat_latency
+    from bench.verdicts import slo_from_chat_only
     from flows.nightly import default_pipeline, nightly_summarization
     from pipelines.corpus_maker import CorpusSpec, make_corpus, write_corpus
     from serving.engine_config import load_engine_config
@@ -46,7 +47,8 @@ def main() -> int:
         print(f"chat alone for {BASELINE_S:.0f} s, to set this machine's SLO ...", flush=True)
         alone = ChatLoadThread(replicas, config.model.served_name, tokenizer, ChatLoadSpec(
             shape=shape, rate=CHAT_RATE, duration_s=BASELINE_S, seed=1), f"{run_id}-alone")
-        slo = derive_slo(alone.start().join().records, factor=3.0, window_s=15.0)
+        baseline = chat_latency(alone.start().join().records)
+        slo = slo_from_chat_only(baseline, factor=3.0, window_s=15.0)
         print(f"SLO: chat ITL p99 <= {slo.chat_itl_p99_ms:.0f} ms, TTFT p99 <= "
               f"{slo.chat_ttft_p99_ms:.0f} ms", flush=True)
         chat = ChatLoadThread(
