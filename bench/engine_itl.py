@@ -56,15 +56,6 @@ class EngineItlSeries:
     def quantiles_ms(self, t0: float, t1: float) -> dict[str, float | None]:
         return {f"p{q}": self.quantile_ms(t0, t1, q / 100) for q in (50, 95, 99)}
 
-    def to_json(self) -> dict:
-        return {
-            name: [
-                {"t": t, "bounds": list(h.bounds), "cumulative": list(h.cumulative)}
-                for t, h in series
-            ]
-            for name, series in self.samples.items()
-        }
-
 
 def _at_or_before(series: list[tuple[float, Histogram]], t: float) -> Histogram | None:
     found = None
