@@ -13,16 +13,21 @@ sends them, and the backlog arriving after a minute of chat (the nightly job sta
 runs). Windows met and tokens/s are pooled over seeds.
 
 The margin is thin at the issue's 5 chat requests/s: under the 272-token step budget the ITL SLO
-needs, chat sessions alone reach TTFT p99 ~0.8 s in some minutes, so any batch work can tip a
-minute over, and one window in 60 is the difference between 98.3% and 100%. Read the windows
-figure with its sample size; `--chat-rate 4.5` shows the same comparison with more room.
+needs, chat sessions alone reach TTFT p99 ~0.9 s in some minutes, so any batch work can tip a
+minute over, and one window in 240 is the difference between 99.2% and 99.6%. Read the windows
+figure with its sample size, and with the list of the controller's missed windows printed under
+it: a miss with no batch prefill ahead of its slowest chat was a chat burst, or a long chat history
+evicted from the prefix cache (which batch churn makes likelier), not a prompt the controller let
+in ahead of chat. No static caps of the sweep hold 99% of the windows there; targets (2) and (3)
+are then judged against the static caps that met the most windows (stricter than the trivially
+holding "no batch at all"), and the report says so.
 
-Shorter runs than the issue's hour keep this within a few minutes on two cores (~100-300 simulated
-seconds per wall second per process): 15 simulated minutes × 4 seeds by default, 60 windows per
-policy. Fewer windows flatter the sweep: the static caps that look best in hindsight are often the
-luckiest (6×2048 met 100% of 30 windows, then 91% of 120).
+The issue's hour takes ~16 minutes on two idle cores with `--jobs 1` (~100-300 simulated seconds
+per wall second per process); 15 simulated minutes × 4 seeds, the default, takes ~3. Fewer windows
+flatter the sweep: the static caps that look best in hindsight are often the luckiest (6×2048 met
+100% of 30 windows, then 91% of 120).
 
-    .venv/bin/python -m bench.controller_targets [--minutes 15] [--seeds 0,1] [--json OUT]
+    .venv/bin/python -m bench.controller_targets --minutes 60 --jobs 1 --json OUT.json
 """
 
 from __future__ import annotations
@@ -34,6 +39,8 @@ import time
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+
+import numpy as np
 
 from bench.varying_trace import TraceShape, generate
 
@@ -84,7 +91,8 @@ def run_job(job: Job) -> dict:
         seed=job.seed,
     )
     policy = _policy(job.policy, cfg.slo, model, profile.vllm)
-    s = simulate(cfg, model, lambda _replica: policy, trace).summary
+    result = simulate(cfg, model, lambda _replica: policy, trace)
+    s = result.summary
     return {
         "scenario": job.scenario,
         "policy": job.policy,
@@ -97,7 +105,37 @@ def run_job(job: Job) -> dict:
         "goodput_tokens_per_s": s["batch"]["goodput_tokens_per_s"],
         "docs_done": s["batch"]["docs_done"],
         "wall_s": s["wall_seconds"],
+        "missed": missed_windows(result) if job.policy == "slo" else [],
     }
+
+
+def missed_windows(result) -> list[dict]:
+    """The 1-minute windows whose chat ITL or TTFT p99 broke the SLO, each with what to look at
+    first: its slowest chat, the batch prompt tokens that chat waited behind (prefills that had
+    started before its first token and ran on after its arrival), and the decision in force when
+    it arrived. Windows counted as in the run summary, but for failed or cancelled chat."""
+    rec, slo = result.sim.recorder, result.sim.cfg.slo
+    gaps, gap_t = rec.class_gaps("chat")
+    chat = [r for r in rec.records if r.cls == "chat" and r.ttft_s is not None]
+    batch = [r for r in rec.records if r.cls == "batch" and r.t_first_token is not None]
+    out = []
+    for w in range(round(result.sim.cfg.duration_s / 60)):
+        lo, hi = 60.0 * w, 60.0 * (w + 1)
+        in_w = gaps[(gap_t >= lo) & (gap_t < hi)]
+        firsts = [r for r in chat if lo <= r.t_first_token < hi]
+        itl = float(np.percentile(in_w, 99)) * 1000 if len(in_w) else 0.0
+        ttft = float(np.percentile([r.ttft_s for r in firsts], 99)) * 1000 if firsts else 0.0
+        if itl <= slo.chat_itl_p99_ms and ttft <= slo.chat_ttft_p99_ms:
+            continue
+        worst = max(firsts, key=lambda r: r.ttft_s)
+        ahead = [b for b in batch if b.t_submit <= worst.t_first_token
+                 and b.t_first_token >= worst.t_submit]  # fmt: skip
+        d = max((d for d in rec.decisions if d["t"] <= worst.t_submit), key=lambda d: d["t"])
+        out.append({"window": w, "itl_p99_ms": itl, "ttft_p99_ms": ttft,
+                    "worst_ttft_s": worst.ttft_s, "batch_ahead_tokens":
+                    sum(b.prompt_tokens for b in ahead), "reason": d["reason"],
+                    "seats": d["batch_seats"], "chunk": d["chunk_tokens"], "pause": d["pause"]})  # fmt: skip
+    return out
 
 
 def _policy(name: str, slo, model, flags):
@@ -156,26 +194,37 @@ def best_static(pooled: dict, scenario: str) -> dict | None:
     return max(holding, key=lambda v: v["batch_tokens_per_s"], default=None)
 
 
+def closest_static(pooled: dict, scenario: str) -> dict:
+    """The static caps that met the most windows (then the most batch tokens/s): the reference
+    when none holds the SLO, stricter than the chat-only run that holds it with no batch at all."""
+    statics = [v for (sc, p), v in pooled.items() if sc == scenario and p.startswith("static")]
+    return max(statics, key=lambda v: (v["slo_windows_met"], v["batch_tokens_per_s"]))
+
+
 def targets(pooled: dict) -> dict:
     """The three targets, with the figures each is judged on."""
     slo_steady, slo_varying = pooled[("steady", "slo")], pooled[("varying", "slo")]
     chosen = best_static(pooled, "steady")
+    holds = chosen is not None
+    if not holds:
+        chosen = closest_static(pooled, "steady")
     hindsight = best_static(pooled, "varying")
     out = {
-        "static_chosen": chosen and chosen["policy"],
+        "static_holds": holds,
+        "static_windows_met": chosen["slo_windows_met"],
+        "static_chosen": chosen["policy"],
         "static_best_for_varying": hindsight and hindsight["policy"],
         "windows_met_steady": slo_steady["slo_windows_met"],
         "windows_met_varying": slo_varying["slo_windows_met"],
         "windows_ok": min(slo_steady["slo_windows_met"], slo_varying["slo_windows_met"])
         >= WINDOWS_TARGET - 1e-9,
     }
-    if chosen is not None:
-        same_on_trace = pooled[("varying", chosen["policy"])]
-        out["steady_ratio"] = _ratio(slo_steady, chosen)
-        out["varying_ratio"] = _ratio(slo_varying, same_on_trace)
-        out["varying_static_windows_met"] = same_on_trace["slo_windows_met"]
-        out["steady_ok"] = out["steady_ratio"] >= STEADY_TARGET
-        out["varying_ok"] = out["varying_ratio"] >= VARYING_TARGET
+    same_on_trace = pooled[("varying", chosen["policy"])]
+    out["steady_ratio"] = _ratio(slo_steady, chosen)
+    out["varying_ratio"] = _ratio(slo_varying, same_on_trace)
+    out["varying_static_windows_met"] = same_on_trace["slo_windows_met"]
+    out["steady_ok"] = out["steady_ratio"] >= STEADY_TARGET
+    out["varying_ok"] = out["varying_ratio"] >= VARYING_TARGET
     if hindsight is not None:
         out["varying_ratio_to_hindsight"] = _ratio(slo_varying, hindsight)
     return out
@@ -208,31 +257,51 @@ def _print_targets(r: dict) -> None:
     def verdict(ok: bool | None) -> str:
         return "n/a" if ok is None else ("PASS" if ok else "FAIL")
 
+    if r["static_holds"]:
+        chosen = f"{r['static_chosen']} (best holding >= 99%)"
+    else:
+        chosen = (
+            f"none held >= 99%; compared with the closest, {r['static_chosen']} "
+            f"({100 * r['static_windows_met']:.1f}% of windows)"
+        )
     print(
-        f"static chosen under steady load (best holding >= 99%): {r['static_chosen']}; "
-        f"best for the varying trace in hindsight: {r['static_best_for_varying']}"
+        f"static chosen under steady load: {chosen}; best for the varying trace in hindsight: "
+        f"{r['static_best_for_varying']}"
     )
     print(
         f"[{verdict(r['windows_ok'])}] controller windows met: steady "
         f"{100 * r['windows_met_steady']:.1f}%, varying {100 * r['windows_met_varying']:.1f}% "
         f"(target >= {100 * WINDOWS_TARGET:.0f}%)"
     )
-    if "steady_ratio" in r:
-        print(
-            f"[{verdict(r['steady_ok'])}] steady: controller / chosen static batch tokens/s = "
-            f"{r['steady_ratio']:.2f} (target >= {STEADY_TARGET})"
-        )
-        print(
-            f"[{verdict(r['varying_ok'])}] varying: controller / chosen static = "
-            f"{r['varying_ratio']:.2f} (target >= {VARYING_TARGET}; that static met "
-            f"{100 * r['varying_static_windows_met']:.1f}% of windows there)"
-        )
-    else:
-        print("[FAIL] no static caps held the SLO in 99% of windows under steady load")
+    print(
+        f"[{verdict(r['steady_ok'])}] steady: controller / chosen static batch tokens/s = "
+        f"{r['steady_ratio']:.2f} (target >= {STEADY_TARGET})"
+    )
+    print(
+        f"[{verdict(r['varying_ok'])}] varying: controller / chosen static = "
+        f"{r['varying_ratio']:.2f} (target >= {VARYING_TARGET}; that static met "
+        f"{100 * r['varying_static_windows_met']:.1f}% of windows there)"
+    )
     if "varying_ratio_to_hindsight" in r:
         print(
             f"       varying: controller / best static in hindsight = "
             f"{r['varying_ratio_to_hindsight']:.2f}"
+        )
+
+
+def print_misses(runs: list[dict]) -> None:
+    """The controller's missed windows, and how many of them had batch prefill ahead of their
+    slowest chat: the others chat broke by itself (bursts, a history evicted from the cache)."""
+    misses = [(r["scenario"], r["seed"], m) for r in runs for m in r["missed"]]
+    behind = sum(1 for *_, m in misses if m["batch_ahead_tokens"])
+    print(f"controller missed {len(misses)} windows, {behind} with batch prefill ahead of the "
+          f"slowest chat{'; decision in force when it arrived:' if misses else ''}")  # fmt: skip
+    for scenario, seed, m in misses:
+        print(
+            f"  {scenario} seed {seed} minute {m['window']}: ITL p99 {m['itl_p99_ms']:.1f} ms, "
+            f"TTFT p99 {m['ttft_p99_ms']:.0f} ms; slowest chat {m['worst_ttft_s']:.2f} s behind "
+            f"{m['batch_ahead_tokens']} batch tokens; {m['reason']} {m['seats']} seats x "
+            f"{m['chunk']}{' paused' if m['pause'] else ''}"
         )
 
 
@@ -247,6 +316,7 @@ def main(argv: list[str] | None = None) -> int:
     pooled = pool(runs)
     result = targets(pooled)
     print_report(pooled, result, args)
+    print_misses(runs)
     print(f"{len(runs)} runs in {time.perf_counter() - started:.0f} s wall")
     if args.json:
         settings = {k: v for k, v in vars(args).items() if k != "json"}

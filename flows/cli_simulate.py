@@ -328,14 +328,26 @@ def policy_factory(
         return lambda _replica: caps
     if name == "slo":
         try:
-            from scheduler.controller import SLOController
+            from scheduler.controller import ControllerConfig, SLOController, engine_step_tokens
         except ImportError as exc:
             raise SimulateError(
                 f"--controller slo needs scheduler/controller.py ({exc}); use none or static"
             ) from None
-        ctrl = SLOController(sim_cfg.slo, model)
+        config = ControllerConfig(engine_step_tokens=engine_step_tokens(step_flags(sim_cfg.engine)))
+        ctrl = SLOController(sim_cfg.slo, model, config)
         return lambda _replica: ctrl
     raise SimulateError(f"--controller {name!r}: choose one of {', '.join(CONTROLLERS)}")
+
+
+def step_flags(engine) -> dict[str, Any]:
+    """The simulated engine's step settings as the engine config's dash-form flags: what
+    `engine_step_tokens` reads. Taken from the simulator's settings rather than the file, so
+    `--override` and `--set engine.*` reach the controller as they reach the engine."""
+    return {
+        "max-num-batched-tokens": engine.max_num_batched_tokens,
+        "enable-chunked-prefill": engine.enable_chunked_prefill,
+        "long-prefill-token-threshold": engine.long_prefill_token_threshold,
+    }
 
 
 def write_records(directory: Path, result, cfg: EngineConfig, policy: str) -> None:

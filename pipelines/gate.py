@@ -111,13 +111,16 @@ class GateActor:
         sensor: Mapping[str, Any] | Sensor | None = None,
         interval_s: float = 5.0,
         metrics_port: int | None = None,
+        engine_flags: Mapping[str, Any] | None = None,
     ) -> None:
         self.run_id = run_id
         self.replicas = {name: _Replica(name, url) for name, url in replicas}
         if not self.replicas:
             raise ValueError("a Gate needs at least one replica (name, base_url)")
         self.slo = slo or SLO()
-        self.policy = build_policy(policy, self.slo, controller, latency_model, static_caps)
+        self.policy = build_policy(
+            policy, self.slo, controller, latency_model, static_caps, engine_flags
+        )
         check_interval(self.policy, interval_s)
         self.streamed = StreamedTimingsSensor(self.replicas)
         urls = {r.name: r.base_url for r in self.replicas.values()}
@@ -442,6 +445,7 @@ def start_gate(
         kwargs.get("controller"),
         kwargs.get("latency_model"),
         kwargs.get("static_caps", (4, 2048)),
+        kwargs.get("engine_flags"),
     )
     check_interval(policy, kwargs.get("interval_s", 5.0))
     check_sensor_spec(kwargs.get("sensor") or {})

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from scheduler.admission import AdmissionPolicy, NoAdmissionControl, StaticCaps
-from scheduler.controller import ControllerConfig, SLOController
+from scheduler.controller import ControllerConfig, SLOController, engine_step_tokens
 from scheduler.slo import SLO
 from scheduler.step import StepTimeModel
 from serving.sensors import (
@@ -31,8 +31,13 @@ def build_policy(
     controller: ControllerConfig | None = None,
     latency_model: str | Path | StepTimeModel | None = None,
     static_caps: tuple[int, int] = (4, 2048),
+    engine_flags: Mapping[str, Any] | None = None,
 ) -> AdmissionPolicy:
-    """The admission policy a Gate runs: the SLO controller, or a baseline for comparison."""
+    """The admission policy a Gate runs: the SLO controller, or a baseline for comparison.
+
+    `engine_flags` are the replicas' engine config `vllm:` flags: from them the controller learns
+    the engine's step size, which prices batch prompts as the engine runs them and turns on the
+    TTFT guard (see `controller_config`)."""
     if policy == "none":
         return NoAdmissionControl()
     if policy == "static":
@@ -48,7 +53,19 @@ def build_policy(
         from scheduler.latency_model import LatencyModel
 
         latency_model = LatencyModel.from_json(latency_model)
-    return SLOController(slo, latency_model, controller)
+    return SLOController(slo, latency_model, controller_config(controller, engine_flags))
+
+
+def controller_config(
+    controller: ControllerConfig | None, engine_flags: Mapping[str, Any] | None
+) -> ControllerConfig:
+    """`controller` (or the defaults) with `engine_step_tokens` read from `engine_flags`, unless
+    the caller set it on purpose (None included: that switches the step pricing off)."""
+    config = controller or ControllerConfig()
+    if engine_flags is None or "engine_step_tokens" in config.model_fields_set:
+        return config
+    step = engine_step_tokens(engine_flags)
+    return ControllerConfig.model_validate({**config.model_dump(), "engine_step_tokens": step})
 
 
 def build_sensor(

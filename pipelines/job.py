@@ -24,7 +24,7 @@ from pipelines.progress import RunProgress
 from pipelines.run_metrics import RunMetrics
 from pipelines.run_store import RunStore
 from scheduler.slo import SLO
-from serving.engine_config import load_engine_config
+from serving.engine_config import EngineConfig, load_engine_config
 from warehouse.run_files import RunMeta
 
 log = logging.getLogger("nightshift.job")
@@ -94,7 +94,7 @@ def run_job(spec: JobSpec) -> JobResult:
     if spec.metrics_port is not None:
         metrics.serve(spec.metrics_port)
     ray = _init_ray()
-    gate = _start_gate(spec)
+    gate = _start_gate(spec, engine)
     totals, problems = {"done": 0, "failed": 0, "stopped": 0, "tokens": 0}, []
     deadline = None
     try:
@@ -148,13 +148,14 @@ def _init_ray():
     return ray
 
 
-def _start_gate(spec: JobSpec):
+def _start_gate(spec: JobSpec, engine: EngineConfig):
     from pipelines.gate import start_gate
 
     return start_gate(
         spec.run_id, spec.replicas, policy=spec.policy, slo=spec.slo,
         latency_model=spec.latency_model, static_caps=spec.static_caps, sensor=spec.sensor,
-        interval_s=spec.interval_s, metrics_port=spec.gate_metrics_port)
+        interval_s=spec.interval_s, metrics_port=spec.gate_metrics_port,
+        engine_flags=engine.vllm)
 
 
 def _stop_gate(ray, gate) -> None:

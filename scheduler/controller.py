@@ -17,7 +17,9 @@ One `decide(observation)` per replica every few seconds. Reading top to bottom:
    its start. When the engine's step size is known, batch prompt tokens in flight are also held to
    what the engine prefills in `ttft_block_fraction` of the TTFT SLO, since a chat arriving behind
    them waits for all of them; this sizes map-reduce sections and stops seats that free together
-   from starting a train of prefills.
+   from starting a train of prefills. And where chat TTFT has lately come near its SLO, no new
+   batch prompt starts while chat requests wait for their first token (`yield_to_queued_chat`):
+   batch then takes only the prefill room chat leaves.
 
 State is kept per replica, keyed by `Observation.replica`, so one controller object serves a whole
 fleet (the Gate holds one per run; the simulator one per scenario). The controller reads no clock:
@@ -101,6 +103,17 @@ class ControllerConfig(BaseModel):
         le=1,
         description="Share of the TTFT SLO a chat may wait behind batch prefills in flight.",
     )
+    yield_to_queued_chat: bool = Field(
+        True,
+        description="Admit no new batch prompt while chat requests await a first token, once chat "
+        "TTFT p99 has left its slack band within `ttft_memory_s`.",
+    )
+    ttft_memory_s: float = Field(
+        900.0,
+        ge=0,
+        description="How long a TTFT p99 past its slack band keeps batch yielding to queued chat: "
+        "chat load near capacity lasts tens of minutes, and its bursts come minutes apart.",
+    )
 
     @model_validator(mode="after")
     def _bounds_are_ordered(self) -> ControllerConfig:
@@ -144,6 +157,8 @@ class ReplicaState:
     last_cut_t: float | None = None
     last_fresh_t: float | None = None
     last_chunk: int = 0
+    ttft_tight_t: float | None = None
+    """When chat TTFT p99 was last past its slack band (or the cold start, when it was unknown)."""
 
 
 class SLOController:
@@ -170,13 +185,15 @@ class SLOController:
         if cold and reason == Verdict.HOLD:
             reason = "cold-start"  # a violation seen at once still cuts the cold-start caps
         state.last_fresh_t = obs.t
+        self._note_ttft(state, obs)
         load = feed_forward.load_of(obs)
         seats, pause, reason = self._guard_kv(state, obs, load, reason)
         chunk = self._chunk(state, load)
         if chunk < cfg.min_chunk_tokens:
             pause, reason, chunk = True, "over-budget", cfg.min_chunk_tokens
         elif not pause:
-            seats, pause, reason = self._guard_prefill_queue(seats, load, chunk, reason)
+            yielding = cfg.yield_to_queued_chat and self._ttft_tight(state, obs.t)
+            seats, pause, reason = self._guard_prefill_queue(seats, load, chunk, reason, yielding)
         state.last_chunk = chunk
         step_s = feed_forward.step_seconds(
             self.model, load, 0 if pause else chunk, cfg.engine_step_tokens
@@ -201,6 +218,7 @@ class SLOController:
 
     def _cold_start(self, obs: Observation) -> ReplicaState:
         state = ReplicaState(self.config.cold_start_seats, self.config.cold_start_chunk_tokens)
+        state.ttft_tight_t = obs.t  # unknown chat is treated as tight until it has shown slack
         self.states[obs.replica] = state
         return state
 
@@ -243,21 +261,25 @@ class SLOController:
         state.last_cut_t = t
 
     def _maybe_grow(self, state: ReplicaState, obs: Observation) -> str:
-        """Grow only after a streak of slack windows and the cool-down, and only caps that were in
-        use: seats nobody filled and chunks nobody sent say nothing about their safety."""
+        """Grow only after a streak of slack windows and the cool-down, and only caps that bind:
+        seats nobody filled and chunks nobody sent say nothing about their safety. Zero seats
+        always bind (nothing can be in flight to fill them), so a replica cut to zero grows again
+        on slack alone instead of staying shut for good."""
         cfg = self.config
         state.slack_streak += 1
         cooling = state.last_cut_t is not None and obs.t - state.last_cut_t < cfg.cooldown_s
         in_flight = len(obs.batch_in_flight)
-        if state.slack_streak < cfg.grow_after_slack or cooling or in_flight == 0:
+        seats_bind, chunk_used = in_flight >= state.seats, in_flight > 0
+        if state.slack_streak < cfg.grow_after_slack or cooling or not (seats_bind or chunk_used):
             return Verdict.HOLD.value
         before = (state.seats, state.chunk_cap)
-        if in_flight >= state.seats:
+        if seats_bind:
             state.seats = feedback.grow(state.seats, cfg.seat_growth, cfg.max_seats)
-        base = max(state.last_chunk, cfg.min_chunk_tokens)
-        state.chunk_cap = feedback.grow(
-            min(state.chunk_cap, base), cfg.chunk_growth_tokens, cfg.max_chunk_tokens
-        )
+        if chunk_used:
+            base = max(state.last_chunk, cfg.min_chunk_tokens)
+            state.chunk_cap = feedback.grow(
+                min(state.chunk_cap, base), cfg.chunk_growth_tokens, cfg.max_chunk_tokens
+            )
         state.slack_streak = 0
         return "grow" if (state.seats, state.chunk_cap) != before else Verdict.HOLD.value
 
@@ -313,12 +335,34 @@ class SLOController:
             self.model, load, wait_s, self.config.engine_step_tokens
         )
 
+    def _note_ttft(self, state: ReplicaState, obs: Observation) -> None:
+        """Remember when chat TTFT p99 was last past its slack band."""
+        slack_s = self.config.ttft_slack_fraction * self.slo.chat_ttft_p99_ms / 1000
+        if obs.chat_ttft_p99_s is not None and obs.chat_ttft_p99_s >= slack_s:
+            state.ttft_tight_t = obs.t
+
+    def _ttft_tight(self, state: ReplicaState, t: float) -> bool:
+        """Whether chat TTFT p99 has left its slack band within `ttft_memory_s`: chat that came
+        near its SLO once in a while is chat whose bursts can break it, and such load lasts longer
+        than one window. While chat stays slack, one TTFT allowance of batch prefill ahead of a
+        queued chat still leaves it inside the SLO, and batch need not yield."""
+        last = state.ttft_tight_t
+        return last is not None and t - last <= self.config.ttft_memory_s
+
     def _guard_prefill_queue(
-        self, seats: int, load: Load, chunk: int, reason: str
+        self, seats: int, load: Load, chunk: int, reason: str, yielding: bool
     ) -> tuple[int, bool, str]:
         """Admit only the prompts whose prefill fits the allowance beside what is already queued:
         seats freed together, or a pause ending, would otherwise start a train of prefills at once.
-        With no room left, refilling the seats that free up would lengthen the train too: pause."""
+        With no room left, refilling the seats that free up would lengthen the train too: pause.
+
+        When `yielding` (chat TTFT came near its SLO lately), chat already queued for its first
+        token leaves no room at all. The engine lets a waiting batch prompt into its running set in
+        the first step with budget to spare between chat prefills, and from then on every chat of
+        the same burst arrives behind all of it: on a replica near its chat capacity that is what
+        turns a busy minute into a missed one."""
+        if yielding and load.chat_queued:
+            return min(seats, load.batch_in_flight), True, "chat-queue"
         allowance = self._prefill_allowance(load)
         if allowance is None:
             return seats, False, reason

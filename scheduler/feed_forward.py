@@ -35,10 +35,13 @@ class Load:
     """Batch requests admitted and not finished."""
     prefill_pending: int
     """Batch prompt tokens admitted but not yet prefilled: what a new chat would queue behind."""
+    chat_queued: int = 0
+    """Chat requests in the engine that have not started decoding: waiting, or prefilling."""
 
 
 def load_of(obs: Observation) -> Load:
-    """The load of `obs`: decoding sequences, deepest prefill, batch prefill still to come."""
+    """The load of `obs`: decoding sequences, deepest prefill, batch prefill still to come, and
+    chat still on its way to a first token."""
     decoding = [b for b in obs.batch_in_flight if b.prefill_remaining == 0]
     prefilling = [b for b in obs.batch_in_flight if b.prefill_remaining > 0]
     return Load(
@@ -48,7 +51,16 @@ def load_of(obs: Observation) -> Load:
         prefix_tokens=max((b.prefilled_tokens for b in prefilling), default=0),
         batch_in_flight=len(obs.batch_in_flight),
         prefill_pending=sum(b.prefill_remaining for b in prefilling),
+        chat_queued=chat_queued(obs),
     )
+
+
+def chat_queued(obs: Observation) -> int:
+    """Chat requests in the engine that have no first token yet: every request in the engine less
+    the decoding chat and the batch. A sensor that counts prefilling chat as decoding (the Gate's
+    vLLM sensor does, having no finer number) leaves only the chat still waiting: an undercount."""
+    in_engine = obs.running + obs.waiting
+    return max(0, in_engine - obs.chat_decoding - len(obs.batch_in_flight))
 
 
 def step_seconds(

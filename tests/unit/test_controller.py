@@ -309,3 +309,42 @@ def test_an_itl_cut_keeps_a_chunk_longer_than_one_engine_step():
 def test_slack_bands_must_sit_below_the_cut():
     with pytest.raises(ValidationError, match="cut_fraction"):
         ControllerConfig(ttft_slack_fraction=0.95)
+
+
+def test_slack_grows_seats_again_after_a_cut_to_zero():
+    # With nothing in flight there is no batch sequence to prove the caps safe, but at zero seats
+    # nothing can be in flight: slack is then the only evidence there is, and it must be enough.
+    c = SLOController(SLO_50, MODEL, ControllerConfig(min_seats=0, cold_start_seats=2))
+    for k in range(4):
+        c.decide(obs(k * INTERVAL, in_flight=c.states["r0"].seats if k else 2, chat_itl_p99_s=0.2))
+    assert c.states["r0"].seats == 0
+    chunk = c.states["r0"].chunk_cap
+    ds = drive(c, after(c), 8, chat_itl_p99_s=0.01, chat_ttft_p99_s=0.1)
+    first = next(i for i, d in enumerate(ds) if d.batch_seats > 0)
+    assert ds[first].reason == "grow" and ds[first].batch_seats == 1
+    assert ds[first].chunk_tokens == chunk  # a chunk nobody sent is not grown
+
+
+def test_batch_yields_while_chat_waits_for_its_first_token():
+    c = grown()
+    seats = c.states["r0"].seats
+    # 10 chat decoding, 3 chat requests not yet at their first token, 2 batch decoding
+    busy = obs(after(c), in_flight=2, chat_itl_p99_s=0.02, chat_decoding=10, running=14, waiting=1)
+    assert feed_forward.chat_queued(busy) == 3
+    d = c.decide(busy)
+    assert d.pause and d.reason == "chat-queue" and d.batch_seats <= 2
+    assert c.states["r0"].seats == seats  # a queue is no verdict on the caps
+    quiet = obs(after(c), in_flight=2, chat_itl_p99_s=0.02, chat_decoding=10, running=12)
+    assert not c.decide(quiet).pause
+
+
+def test_batch_yields_to_queued_chat_only_where_chat_ttft_came_near_its_slo():
+    c = SLOController(SLO_50, MODEL, ControllerConfig(ttft_memory_s=30.0))
+    queued = {"chat_decoding": 10, "running": 14, "waiting": 1}  # 3 chat before a first token
+    assert c.decide(obs(0.0, in_flight=2, chat_itl_p99_s=0.02, **queued)).reason == "chat-queue"
+    drive(c, after(c), 8, chat_itl_p99_s=0.02, chat_ttft_p99_s=0.2)  # 40 s of slack chat
+    relaxed = c.decide(obs(after(c), in_flight=2, chat_itl_p99_s=0.02, **queued))
+    assert not relaxed.pause  # one TTFT allowance behind a queued chat still fits its SLO
+    c.decide(obs(after(c), in_flight=2, chat_itl_p99_s=0.02, chat_ttft_p99_s=0.8))  # past slack
+    later = c.decide(obs(after(c), in_flight=2, chat_itl_p99_s=0.02, **queued))
+    assert later.pause and later.reason == "chat-queue"

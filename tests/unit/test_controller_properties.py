@@ -31,6 +31,7 @@ REASONS = {
     "stale-pause",
     "over-budget",
     "ttft-guard",
+    "chat-queue",
 }
 
 signals = st.fixed_dictionaries(
@@ -42,6 +43,7 @@ signals = st.fixed_dictionaries(
         "kv_capacity_tokens": st.none() | st.integers(50_000, 1_000_000),
         "preemptions": st.sampled_from([0, 0, 0, 0, 1, 3]),
         "chat_decoding": st.integers(0, 120),
+        "chat_queued": st.sampled_from([0, 0, 0, 1, 4]),
         "context_per_chat": st.integers(0, 8000),
         "in_flight": st.integers(0, 24),
         "prompt": st.integers(64, 20_000),
@@ -53,6 +55,7 @@ fresh_signals = signals.map(lambda s: {**s, "fresh": True})
 
 def make_obs(t: float, s: dict, replica: str = "r0") -> Observation:
     prefilled = int(s["prompt"] * s["prefilled_fraction"])
+    batch_running = s["in_flight"] // 2
     return Observation(
         t=t,
         replica=replica,
@@ -65,6 +68,9 @@ def make_obs(t: float, s: dict, replica: str = "r0") -> Observation:
         chat_decoding=s["chat_decoding"],
         chat_decode_context_tokens=s["chat_decoding"] * s["context_per_chat"],
         batch_in_flight=tuple(BatchInFlight(s["prompt"], prefilled) for _ in range(s["in_flight"])),
+        # the engine's counts: chat decoding or queued, batch in flight split between the two
+        running=s["chat_decoding"] + batch_running,
+        waiting=s["chat_queued"] + s["in_flight"] - batch_running,
     )
 
 
@@ -192,3 +198,36 @@ def test_new_batch_prompts_never_queue_chat_past_the_ttft_allowance(seq):
         allowance = feed_forward.prefill_allowance(MODEL, load, wait_s, 256)
         new = max(0, d.batch_seats - len(o.batch_in_flight))
         assert load.prefill_pending + new * d.chunk_tokens <= allowance
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.tuples(st.floats(0.5, 10.0), fresh_signals), min_size=1, max_size=30))
+def test_slack_reopens_batch_from_any_state_even_zero_seats(prefix):
+    """Whatever came before (cuts to zero included), quiet chat with every seat filled brings
+    batch seats back: a controller must not shut a replica for good."""
+    c = SLOController(SLO_50, MODEL, CFG.model_copy(update={"min_seats": 0}))
+    run(c, prefix)
+    t, seats = c.states["r0"].last_fresh_t, c.states["r0"].seats
+    for _ in range(12):
+        t += 5.0
+        d = c.decide(
+            Observation(
+                t=t,
+                replica="r0",
+                chat_itl_p99_s=0.01,
+                chat_ttft_p99_s=0.1,
+                batch_in_flight=tuple(BatchInFlight(512, 512) for _ in range(seats)),
+            )
+        )
+        seats = d.batch_seats
+    assert seats >= 1 and not d.pause
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.tuples(st.floats(0.5, 10.0), fresh_signals), min_size=1, max_size=20))
+def test_no_new_batch_prompt_starts_while_chat_waits_for_a_first_token(seq):
+    # a memory longer than any sequence: chat counts as near its TTFT SLO throughout
+    c = SLOController(SLO_50, MODEL, CFG.model_copy(update={"ttft_memory_s": 1e9}))
+    for o, d in run(c, seq):
+        if feed_forward.chat_queued(o) > 0:
+            assert d.pause  # a paused replica is sent nothing new, whatever its seats
