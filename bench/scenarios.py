@@ -191,7 +191,7 @@ def _with_batch(cfg: BenchConfig, name: str, replicas, model, tokenizer, slo: SL
             corpus=cfg.corpus, engine_config=cfg.engine_config, replicas=replicas, run_id=run_id,
             results=cfg.results, pipeline=cfg.pipeline, slo=slo, policy=policy,
             latency_model=cfg.latency_model, static_caps=static_caps, interval_s=cfg.control_interval_s,
-            sensor={"kind": "vllm", "report_ttft": False}, show_progress=False,
+            sensor=_gate_sensor(slo), show_progress=False,
             stop_after_s=cfg.duration_s, on_summarize_start=start_chat))
         if not started:
             raise RuntimeError(f"scenario {name}: no document to summarize in {cfg.corpus}")
@@ -205,6 +205,13 @@ def _with_batch(cfg: BenchConfig, name: str, replicas, model, tokenizer, slo: SL
     batch_rows = [r for r in read_table(run_dir, "requests").to_pylist() if r["class"] == "batch"]
     return ScenarioRun(name, run_id, t0, t0 + cfg.duration_s, result.records, batch_rows,
                        job.docs_done, engine_itl=engine.series)
+
+
+def _gate_sensor(slo: SLO) -> dict:
+    """What the Gate reads: the statistics this bench judges, so the controller acts on the SLO's
+    own verdict. ITL from the engine's histogram (see bench/engine_itl.py), TTFT from the chat
+    client (the engine's TTFT mixes in batch prompts), both over a sliding SLO window."""
+    return {"kind": "vllm", "report_ttft": False, "itl": "engine", "window_s": slo.window_s}
 
 
 def _chat_spec(cfg: BenchConfig) -> ChatLoadSpec:

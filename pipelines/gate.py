@@ -42,6 +42,7 @@ from pipelines.gate_setup import (
     build_sensor,
     check_interval,
     check_sensor_spec,
+    sensor_window_s,
 )
 from scheduler import kv_guard
 from scheduler.admission import BatchInFlight, Decision, Observation
@@ -122,9 +123,10 @@ class GateActor:
             policy, self.slo, controller, latency_model, static_caps, engine_flags
         )
         check_interval(self.policy, interval_s)
-        self.streamed = StreamedTimingsSensor(self.replicas)
+        sensor = sensor or {"kind": "vllm"}
+        self.streamed = StreamedTimingsSensor(self.replicas, window_s=sensor_window_s(sensor))
         urls = {r.name: r.base_url for r in self.replicas.values()}
-        self.sensor = build_sensor(sensor or {"kind": "vllm"}, urls, self.streamed)
+        self.sensor = build_sensor(sensor, urls, self.streamed)
         self.interval_s = interval_s
         self.metrics = GateMetrics()
         self.metrics_port = self.metrics.serve(metrics_port) if metrics_port is not None else None

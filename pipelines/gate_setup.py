@@ -73,17 +73,30 @@ def build_sensor(
 ) -> Sensor:
     """A sensor from a spec: `{"kind": "vllm", "report_ttft": bool}`, `{"kind": "prometheus",
     "url": ..., "range": "1m"}`, `{"kind": "streamed"}`, or any Sensor object. Engine sensors are
-    merged with the streamed timings that `release` and `report` feed, for exact chat latency."""
+    merged with the streamed timings that `release` and `report` feed, for exact chat latency.
+
+    Two more keys apply to `vllm`: `window_s` makes its p99s (and the streamed ones) span that many
+    seconds, sliding (see `VllmMetricsSensor`); `"itl": "engine"` takes ITL from the engine's
+    histogram even where chat gaps were streamed (default `"streamed"`). The streamed sensor gets
+    its window where the Gate creates it, from `sensor_window_s(spec)`."""
     if not isinstance(spec, Mapping):
         return MergedSensor(spec, streamed)
     kind = check_sensor_spec(spec)
     if kind == "streamed":
         return streamed
     if kind == "vllm":
-        state = VllmMetricsSensor(replicas, report_ttft=spec.get("report_ttft", True))
-    else:
-        state = PrometheusSensor(spec["url"], replicas, range_=spec.get("range", "1m"))
+        state = VllmMetricsSensor(
+            replicas, report_ttft=spec.get("report_ttft", True), window_s=spec.get("window_s")
+        )
+        return MergedSensor(state, streamed, itl_from_state=spec.get("itl") == "engine")
+    state = PrometheusSensor(spec["url"], replicas, range_=spec.get("range", "1m"))
     return MergedSensor(state, streamed)
+
+
+def sensor_window_s(spec: Mapping[str, Any] | Sensor | None) -> float | None:
+    """The sliding window a sensor spec asks for, or None (each observation covers the time since
+    the previous one)."""
+    return spec.get("window_s") if isinstance(spec, Mapping) else None
 
 
 def check_sensor_spec(spec: Mapping[str, Any] | Sensor) -> str:
@@ -95,6 +108,11 @@ def check_sensor_spec(spec: Mapping[str, Any] | Sensor) -> str:
         raise ValueError(f"unknown sensor kind {kind!r}; use 'vllm', 'prometheus' or 'streamed'")
     if kind == "prometheus" and "url" not in spec:
         raise ValueError("sensor kind 'prometheus' needs 'url', the Prometheus server's base URL")
+    if spec.get("itl", "streamed") not in ("streamed", "engine"):
+        raise ValueError(f"sensor 'itl' {spec['itl']!r}: use 'streamed' or 'engine'")
+    window = spec.get("window_s")
+    if window is not None and not (isinstance(window, int | float) and window > 0):
+        raise ValueError(f"sensor 'window_s' {window!r}: give a positive number of seconds")
     return kind
 
 

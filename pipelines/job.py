@@ -23,6 +23,7 @@ from pipelines.corpus import classify, read_corpus
 from pipelines.progress import RunProgress
 from pipelines.run_metrics import RunMetrics
 from pipelines.run_store import RunStore
+from scheduler.controller import ControllerConfig
 from scheduler.slo import SLO
 from serving.engine_config import EngineConfig, load_engine_config
 from warehouse.run_files import RunMeta
@@ -42,6 +43,8 @@ class JobSpec:
     pipeline: PipelineConfig = field(default_factory=PipelineConfig)
     slo: SLO = field(default_factory=SLO)
     policy: str = "slo"
+    controller: ControllerConfig | None = None
+    """Controller tuning; None takes the engine config's `controller:` section (or the defaults)."""
     latency_model: str | None = None
     static_caps: tuple[int, int] = (4, 2048)
     sensor: dict = field(default_factory=lambda: {"kind": "vllm"})
@@ -155,7 +158,7 @@ def _start_gate(spec: JobSpec, engine: EngineConfig):
         spec.run_id, spec.replicas, policy=spec.policy, slo=spec.slo,
         latency_model=spec.latency_model, static_caps=spec.static_caps, sensor=spec.sensor,
         interval_s=spec.interval_s, metrics_port=spec.gate_metrics_port,
-        engine_flags=engine.vllm)
+        controller=spec.controller or engine.controller, engine_flags=engine.vllm)
 
 
 def _stop_gate(ray, gate) -> None:
@@ -198,7 +201,6 @@ def _tokenize_and_judge(ray, corpus: pa.Table, spec: JobSpec):
 def _summarize(ray, tokenized, spec: JobSpec, store: RunStore, gate, metrics: RunMetrics) -> dict:
     from pipelines.workers import Summarize
 
-    _set_async_udf_concurrency(spec.pipeline.docs_per_actor)
     docs = tokenized.select_columns(["doc_id", "token_ids"]).materialize()
     total = docs.count()
     metrics.remaining.set(total)
@@ -206,12 +208,16 @@ def _summarize(ray, tokenized, spec: JobSpec, store: RunStore, gate, metrics: Ru
     if not total:
         return totals
     cfg = spec.pipeline
-    # One block per document, so every actor gets work and a long document holds up no other.
+    # One block (one task) per document, so every actor gets work and a long document holds up
+    # no other; `docs_per_actor` of those tasks run at once on each actor. Their coroutines share
+    # the actor's event loop: most of a document's time is spent waiting for a seat or a stream.
     outcomes = docs.repartition(max(1, total)).map_batches(
         Summarize,
         fn_constructor_kwargs={"run_id": spec.run_id, "engine_config": spec.engine_config,
                                "config": cfg.model_dump()},
-        batch_size=1, compute=ray.data.ActorPoolStrategy(size=cfg.actors), num_cpus=0.25)
+        batch_size=1, num_cpus=0.25,
+        compute=ray.data.ActorPoolStrategy(
+            size=cfg.actors, max_concurrent_calls_per_actor=cfg.docs_per_actor))
     with RunProgress(total, enabled=spec.show_progress) as progress:
         for batch in outcomes.iter_batches(batch_size=None, batch_format="pyarrow"):
             rows = batch.to_pylist()
@@ -224,17 +230,6 @@ def _summarize(ray, tokenized, spec: JobSpec, store: RunStore, gate, metrics: Ru
                 _observe_requests(metrics, r)
                 progress.update(r["batch_tokens"], caps)
     return totals
-
-
-def _set_async_udf_concurrency(n: int) -> None:
-    """Documents each summarizer actor works on at once. Ray Data takes this from
-    RAY_DATA_DEFAULT_ASYNC_BATCH_UDF_MAX_CONCURRENCY when it is first imported and keeps it in a
-    module constant that it reads when it plans a stage, so setting the constant is what applies
-    it to this run's plan (the environment variable alone would be too late once imported)."""
-    from ray.data._internal.planner import plan_udf_map_op
-
-    os.environ["RAY_DATA_DEFAULT_ASYNC_BATCH_UDF_MAX_CONCURRENCY"] = str(n)
-    plan_udf_map_op.DEFAULT_ASYNC_BATCH_UDF_MAX_CONCURRENCY = n
 
 
 def _observe_requests(metrics: RunMetrics, outcome: dict) -> None:

@@ -47,6 +47,8 @@ class Observation:
     step_samples_s: tuple[float, ...] = field(default=(), repr=False)
     # KV the replica holds, in tokens: lets the KV guard count admitted prompts not yet prefilled
     kv_capacity_tokens: int | None = None
+    window_s: float | None = None
+    """How far back from `t` the latency p99s reach; None: since the previous observation."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -159,6 +159,8 @@ class ReplicaState:
     last_chunk: int = 0
     ttft_tight_t: float | None = None
     """When chat TTFT p99 was last past its slack band (or the cold start, when it was unknown)."""
+    cut_reading: tuple[float, float | None, float | None] | None = None
+    """(t, ITL p99, TTFT p99) of the observation that last made feedback cut."""
 
 
 class SLOController:
@@ -227,23 +229,25 @@ class SLOController:
     def _apply_feedback(self, state: ReplicaState, obs: Observation, may_grow: bool) -> str:
         """Act on the window's verdict; returns the reason word for the decision."""
         cfg = self.config
+        itl = feedback.observed_itl(obs.chat_itl_p99_s, obs.step_samples_s)
         v = feedback.verdict(
-            feedback.observed_itl(obs.chat_itl_p99_s, obs.step_samples_s),
+            itl,
             obs.chat_ttft_p99_s,
             self.slo.chat_itl_p99_ms / 1000,
             self.slo.chat_ttft_p99_ms / 1000,
             feedback.Bands(cfg.itl_slack_fraction, cfg.ttft_slack_fraction, cfg.cut_fraction),
         )
-        if v is Verdict.ITL_VIOLATION:
-            self._cut(state, obs.t, chunk_too=True)
-        elif v is Verdict.TTFT_VIOLATION:
-            self._cut(state, obs.t, chunk_too=False)
-        elif v is Verdict.SLACK and may_grow:
+        if v in (Verdict.ITL_VIOLATION, Verdict.TTFT_VIOLATION):
+            if _seen_before(state, obs, itl):
+                state.slack_streak = 0
+                return "settling"
+            self._cut(state, obs.t, chunk_too=v is Verdict.ITL_VIOLATION)
+            state.cut_reading = (obs.t, itl, obs.chat_ttft_p99_s)
+            return v.value
+        if v is Verdict.SLACK and may_grow:
             return self._maybe_grow(state, obs)
-        else:
-            state.slack_streak = 0
-            return Verdict.HOLD.value
-        return v.value
+        state.slack_streak = 0
+        return Verdict.HOLD.value
 
     def _cut(self, state: ReplicaState, t: float, chunk_too: bool) -> None:
         """Back off at once. ITL suffers from big prefill steps, so the chunk is cut with the seats;
@@ -371,6 +375,24 @@ class SLOController:
             return min(seats, load.batch_in_flight), True, "ttft-guard"
         allowed = load.batch_in_flight + room
         return (allowed, False, "ttft-guard") if allowed < seats else (seats, False, reason)
+
+
+def _seen_before(state: ReplicaState, obs: Observation, itl_s: float | None) -> bool:
+    """Whether a violation in `obs` is the one feedback already cut for, seen again: a sensor with
+    a sliding window (`obs.window_s`) keeps reporting the slow samples that caused a cut until they
+    slide out, and cutting once per reading would take caps to their floor for one slow spell.
+    The reading is new evidence once its window starts after the cut, or when it is worse than the
+    reading that caused the cut (what the cut let through is slower still)."""
+    if state.cut_reading is None or obs.window_s is None:
+        return False
+    t_cut, itl_cut, ttft_cut = state.cut_reading
+    if obs.t - obs.window_s >= t_cut:
+        return False
+    return _no_worse(itl_s, itl_cut) and _no_worse(obs.chat_ttft_p99_s, ttft_cut)
+
+
+def _no_worse(now: float | None, then: float | None) -> bool:
+    return now is None or (then is not None and now <= then)
 
 
 def _seat_kv_tokens(obs: Observation, state: ReplicaState, output_tokens: int) -> int:

@@ -13,6 +13,8 @@ from typing import Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from scheduler.controller import ControllerConfig
+
 FlagValue = bool | int | float | str | list[str | int | float] | dict[str, list[float]]
 
 LOCAL_MODEL_PREFIX = "local:"
@@ -78,6 +80,11 @@ class EngineConfig(BaseModel):
     hardware: HardwareSection = Field(default_factory=HardwareSection)
     vllm: dict[str, FlagValue] = Field(default_factory=dict, description="Engine flags.")
     env: dict[str, str] = Field(default_factory=dict, description="Engine environment variables.")
+    controller: ControllerConfig | None = Field(
+        None,
+        description="Admission controller tuning for this replica class (keys of "
+        "`scheduler.controller.ControllerConfig`); the Gate uses it unless a run sets its own.",
+    )
 
     @field_validator("vllm")
     @classmethod

@@ -56,6 +56,11 @@ class VllmMetricsSensor:
     nature and inflates the mixed p99. Pass `report_ttft=False` and take TTFT from the streamed
     timings (see `MergedSensor`) when batch prompts are long; the first scrape of a replica has no
     window yet and reports gauges only.
+
+    `window_s`: the p99s span the last `window_s` seconds (sliding, from the newest scrape at least
+    that old) instead of the time since the previous scrape. Set it to the SLO's window: a p99 over
+    a few seconds of light chat is its slowest gap or two, far stricter than the p99 the SLO judges,
+    and a controller acting on it cuts on noise. Preemptions always count since the previous scrape.
     """
 
     def __init__(
@@ -65,13 +70,15 @@ class VllmMetricsSensor:
         timeout_s: float = 2.0,
         report_ttft: bool = True,
         clock: Clock = time.time,
+        window_s: float | None = None,
     ) -> None:
         self.replicas = dict(replicas)
         self.client = client or httpx.AsyncClient()
         self.timeout_s = timeout_s
         self.report_ttft = report_ttft
         self.clock = clock
-        self._previous: dict[str, MetricsSnapshot] = {}
+        self.window_s = _check_window(window_s)
+        self._history: dict[str, deque[tuple[float, MetricsSnapshot]]] = {}
 
     async def observe(self) -> dict[str, Observation]:
         names = list(self.replicas)
@@ -87,8 +94,10 @@ class VllmMetricsSensor:
     ) -> Observation:
         if isinstance(snap, BaseException):
             return Observation(t=t, replica=name, fresh=False)
-        before = self._previous.get(name)
-        self._previous[name] = snap
+        history = self._history.setdefault(name, deque())
+        previous = history[-1][1] if history else None
+        start = _window_start(history, t, self.window_s)
+        history.append((t, snap))
         obs = Observation(
             t=t,
             replica=name,
@@ -97,18 +106,43 @@ class VllmMetricsSensor:
             running=int(snap.gauge("vllm:num_requests_running") or 0),
             waiting=int(snap.gauge("vllm:num_requests_waiting") or 0),
         )
-        if before is None:
+        if start is None or previous is None:
             return obs
+        t_start, before = start
         ttft = _window_p99(snap, before, (TTFT_HISTOGRAM,)) if self.report_ttft else None
         return replace(
             obs,
             chat_itl_p99_s=_window_p99(snap, before, ITL_HISTOGRAMS),
             chat_ttft_p99_s=ttft,
-            preemptions=_counter_delta(snap, before, "vllm:num_preemptions"),
+            preemptions=_counter_delta(snap, previous, "vllm:num_preemptions"),
+            window_s=t - t_start if self.window_s is not None else None,
         )
 
     async def aclose(self) -> None:
         await self.client.aclose()
+
+
+def _check_window(window_s: float | None) -> float | None:
+    if window_s is not None and not (window_s > 0 and math.isfinite(window_s)):
+        raise ValueError(f"sensor window_s must be a positive number of seconds, got {window_s}")
+    return window_s
+
+
+def _window_start(
+    history: deque[tuple[float, MetricsSnapshot]], t: float, window_s: float | None
+) -> tuple[float, MetricsSnapshot] | None:
+    """The scrape a window ending at `t` starts from: the previous one without `window_s`, else
+    the newest at least `window_s` old (the oldest kept while the history is shorter). Scrapes no
+    window will start from again are dropped."""
+    if not history:
+        return None
+    if window_s is None:
+        start = history[-1]
+        history.clear()
+        return start
+    while len(history) > 1 and history[1][0] <= t - window_s:
+        history.popleft()
+    return history[0]
 
 
 def _window_p99(
@@ -174,6 +208,9 @@ class StreamedTimingsSensor:
     step-time sample: all decoding sequences of a step wait that step's time. Sample times must be on
     this sensor's clock (epoch seconds, as the records carry). No KV or queue state: merge with an
     engine sensor for those. Always fresh, since nothing can fail to be read.
+
+    With `window_s`, each observation covers the samples of the last `window_s` seconds instead
+    (sliding, as `VllmMetricsSensor` does), so its p99s are the ones an SLO window judges.
     """
 
     def __init__(
@@ -182,7 +219,9 @@ class StreamedTimingsSensor:
         max_age_s: float = 30.0,
         max_step_samples: int = 1024,
         clock: Clock = time.time,
+        window_s: float | None = None,
     ) -> None:
+        self.window_s = _check_window(window_s)
         self.max_age_s = max_age_s
         self.max_step_samples = max_step_samples
         self.clock = clock
@@ -219,24 +258,29 @@ class StreamedTimingsSensor:
         return {name: self._drain(name, w, t) for name, w in self._windows.items()}
 
     def _drain(self, name: str, w: _Window, t: float) -> Observation:
-        oldest = t - self.max_age_s
-        chat = _recent(w.chat_gaps, oldest)
-        ttfts = _recent(w.chat_ttfts, oldest)
-        steps = _recent(w.step_gaps, oldest)
+        sliding = self.window_s is not None
+        oldest = t - (self.window_s if sliding else self.max_age_s)
+        chat = _recent(w.chat_gaps, oldest, keep=sliding)
+        ttfts = _recent(w.chat_ttfts, oldest, keep=sliding)
+        steps = _recent(w.step_gaps, oldest, keep=sliding)
         return Observation(
             t=t,
             replica=name,
             chat_itl_p99_s=percentile(sorted(chat), 99) if chat else None,
             chat_ttft_p99_s=percentile(sorted(ttfts), 99) if ttfts else None,
             step_samples_s=tuple(steps),
+            window_s=self.window_s,
         )
 
 
-def _recent(samples: deque[tuple[float, float]], oldest: float) -> list[float]:
-    """Empty the queue, keeping the values of samples no older than `oldest`."""
-    values = [v for t, v in samples if t >= oldest]
+def _recent(samples: deque[tuple[float, float]], oldest: float, keep: bool) -> list[float]:
+    """The values of samples no older than `oldest`; those samples stay queued when `keep` (a
+    sliding window reads them again), else the queue is emptied."""
+    recent = [(t, v) for t, v in samples if t >= oldest]
     samples.clear()
-    return values
+    if keep:
+        samples.extend(recent)
+    return [v for _, v in recent]
 
 
 # -- Prometheus server ------------------------------------------------------------------------
@@ -347,13 +391,19 @@ class MergedSensor:
     wherever it measured something, else from `state`. The usual pairing is vLLM `/metrics` for
     state with our streamed timings for exact per-class latency."""
 
-    def __init__(self, state: Sensor, latency: Sensor) -> None:
+    def __init__(self, state: Sensor, latency: Sensor, itl_from_state: bool = False) -> None:
         self.state = state
         self.latency = latency
+        self.itl_from_state = itl_from_state
+        """Keep `state`'s ITL even where `latency` has one: on a host where the client shares a
+        core with the engine's API server, streamed gaps arrive in bursts that the engine's own
+        token timestamps (its ITL histogram) do not have."""
 
     async def observe(self) -> dict[str, Observation]:
         base, timed = await asyncio.gather(self.state.observe(), self.latency.observe())
-        return {name: _merge(obs, timed.get(name)) for name, obs in base.items()}
+        return {
+            name: _merge(obs, timed.get(name), self.itl_from_state) for name, obs in base.items()
+        }
 
     async def aclose(self) -> None:
         for sensor in (self.state, self.latency):
@@ -362,15 +412,26 @@ class MergedSensor:
                 await close()
 
 
-def _merge(obs: Observation, timed: Observation | None) -> Observation:
+def _merge(obs: Observation, timed: Observation | None, itl_from_state: bool) -> Observation:
     if timed is None or not obs.fresh:
         return obs
+    if itl_from_state:
+        itl, steps = obs.chat_itl_p99_s, obs.step_samples_s
+    else:
+        itl = _first(timed.chat_itl_p99_s, obs.chat_itl_p99_s)
+        steps = timed.step_samples_s or obs.step_samples_s
     return replace(
         obs,
-        chat_itl_p99_s=_first(timed.chat_itl_p99_s, obs.chat_itl_p99_s),
+        chat_itl_p99_s=itl,
         chat_ttft_p99_s=_first(timed.chat_ttft_p99_s, obs.chat_ttft_p99_s),
-        step_samples_s=timed.step_samples_s or obs.step_samples_s,
+        step_samples_s=steps,
+        window_s=_widest(obs.window_s, timed.window_s),
     )
+
+
+def _widest(a: float | None, b: float | None) -> float | None:
+    """The longer of two reaches back in time; None (since the previous observation) is shortest."""
+    return max((w for w in (a, b) if w is not None), default=None)
 
 
 def _first(a: float | None, b: float | None) -> float | None:

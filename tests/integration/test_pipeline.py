@@ -74,6 +74,22 @@ def test_replica_killed_mid_run_loses_no_document(two_replicas, tmp_path: Path) 
     served_after_kill = read_table(run_dir, "requests").to_pylist()
     assert any(r["replica"] == two_replicas[0].name for r in served_after_kill)
     assert result["r"].docs_done == len(doc_ids)
+    # each of the 2 actors works on several documents at once (docs_per_actor), not one
+    assert _most_documents_at_once(served_after_kill) > SMALL_OUTPUTS.actors
+
+
+def _most_documents_at_once(requests: list[dict]) -> int:
+    spans: dict[str, list[float]] = {}
+    for r in requests:
+        span = spans.setdefault(r["doc_id"], [r["t_submit"], r["t_end"] or r["t_submit"]])
+        span[0] = min(span[0], r["t_submit"])
+        span[1] = max(span[1], r["t_end"] or r["t_submit"])
+    edges = sorted([(a, 1) for a, _ in spans.values()] + [(b, -1) for _, b in spans.values()])
+    active = peak = 0
+    for _, step in edges:
+        active += step
+        peak = max(peak, active)
+    return peak
 
 
 def _served_by(run_dir: Path, replica: str) -> bool:

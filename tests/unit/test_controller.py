@@ -98,6 +98,36 @@ def test_ttft_violation_cuts_seats_only():
     assert d.batch_seats < before[0] and d.chunk_tokens == before[1]
 
 
+def test_a_sliding_window_reporting_the_same_slow_spell_cuts_once():
+    c = grown()
+    t, seats = after(c), c.states["r0"].seats
+    first = c.decide(obs(t, in_flight=seats, chat_itl_p99_s=0.080, window_s=15.0))
+    assert first.reason == "itl-violation"
+    # the next readings still hold the slow spell (their windows began before the cut)
+    again = [
+        c.decide(obs(t + k * INTERVAL / 2, in_flight=first.batch_seats, chat_itl_p99_s=p99,
+                     window_s=15.0))
+        for k, p99 in ((1, 0.080), (2, 0.070))
+    ]
+    assert [d.reason for d in again] == ["settling", "settling"]
+    assert all(d.batch_seats == first.batch_seats for d in again)
+    worse = c.decide(obs(t + 1.5 * INTERVAL, in_flight=first.batch_seats, chat_itl_p99_s=0.090,
+                         window_s=15.0))
+    assert worse.reason == "itl-violation" and worse.batch_seats < first.batch_seats
+    # a window that starts after the last cut is new evidence, however it compares
+    fresh = c.decide(obs(t + 1.5 * INTERVAL + 16.0, in_flight=worse.batch_seats,
+                         chat_itl_p99_s=0.060, window_s=15.0))
+    assert fresh.reason == "itl-violation" and fresh.batch_seats <= worse.batch_seats
+
+
+def test_without_a_window_every_violation_cuts():
+    c = grown()
+    t, seats = after(c), c.states["r0"].seats
+    ds = [c.decide(obs(t + k, in_flight=seats, chat_itl_p99_s=0.080)) for k in range(3)]
+    assert [d.reason for d in ds] == ["itl-violation"] * 3
+    assert ds[2].batch_seats < ds[0].batch_seats
+
+
 def test_no_growth_during_cooldown_after_a_cut():
     c = grown(cooldown_s=30.0)
     cut = c.decide(obs(after(c), in_flight=10, chat_itl_p99_s=0.080))

@@ -115,6 +115,35 @@ async def test_vllm_sensor_reports_window_p99_of_the_delta_only():
         await sensor.aclose()
 
 
+async def test_vllm_sensor_window_slides_over_the_last_window_s_seconds():
+    fake, now = FakeVllm(), [0.0]
+    itl = fake.itl.labels("m", "0")
+    with replica(fake) as url:
+        sensor = VllmMetricsSensor({"r0": url}, window_s=15.0, clock=lambda: now[0])
+        await sensor.observe()  # t=0: the window's first edge
+        for t, slow in ((3.0, 30), (6.0, 0), (9.0, 0), (12.0, 0), (15.0, 0), (18.0, 0)):
+            for _ in range(480):
+                itl.observe(0.02)
+            for _ in range(slow):  # one slow spell in the first 3 s
+                itl.observe(0.17)
+            fake.preemptions.labels("m", "0").inc(1 if t == 6.0 else 0)
+            now[0] = t
+            o = (await sensor.observe())["r0"]
+            # the slow spell (over 1% of every window that holds it) is in the window until
+            # the window starts from the scrape at t=3, just after it
+            assert (o.chat_itl_p99_s > 0.15) == (t < 18.0), t
+            assert o.window_s == pytest.approx(min(t, 15.0))
+            assert o.preemptions == (1 if t == 6.0 else 0)  # counted once, not per window
+        await sensor.aclose()
+
+
+def test_sensor_window_must_be_positive():
+    with pytest.raises(ValueError, match="window_s"):
+        VllmMetricsSensor({"r0": "http://127.0.0.1:9"}, window_s=0)
+    with pytest.raises(ValueError, match="window_s"):
+        StreamedTimingsSensor(["r0"], window_s=-1.0)
+
+
 async def test_vllm_sensor_reads_gauges_preemptions_and_kv_capacity():
     fake = FakeVllm(engines=2, num_gpu_blocks=1000, block_size=16)
     with replica(fake) as url:
@@ -219,6 +248,22 @@ async def test_streamed_windows_do_not_overlap_and_old_samples_age_out():
     assert o["r1"].chat_itl_p99_s is None and o["r1"].step_samples_s == ()
     now[0] = 1005.0
     assert (await sensor.observe())["r0"].chat_itl_p99_s is None  # already reported
+
+
+async def test_streamed_sliding_window_reports_samples_again_until_they_age_out():
+    now = [1000.0]
+    sensor = StreamedTimingsSensor(["r0"], window_s=15.0, clock=lambda: now[0])
+    sensor.feed_gaps("r0", "chat", [(999.0, 0.09)])
+    sensor.feed_ttft("r0", "chat", 999.0, 0.4)
+    first = (await sensor.observe())["r0"]
+    assert first.chat_itl_p99_s == pytest.approx(0.09) and first.window_s == 15.0
+    now[0] = 1010.0
+    again = (await sensor.observe())["r0"]
+    assert again.chat_itl_p99_s == pytest.approx(0.09)  # still inside the window
+    assert again.chat_ttft_p99_s == pytest.approx(0.4)
+    now[0] = 1015.0
+    gone = (await sensor.observe())["r0"]
+    assert gone.chat_itl_p99_s is None and gone.chat_ttft_p99_s is None
 
 
 # -- Prometheus server ----------------------------------------------------------------------------
@@ -331,3 +376,16 @@ async def test_merged_sensor_prefers_measured_latency_and_keeps_engine_state():
     assert merged["r0"].kv_usage == 0.4 and merged["r0"].step_samples_s == (0.05,)
     assert merged["r1"].chat_itl_p99_s == 0.03
     assert not merged["r2"].fresh  # an unreadable engine stays unreadable
+
+
+async def test_merged_sensor_can_keep_the_engines_itl():
+    state = Fixed({"r0": Observation(0, "r0", chat_itl_p99_s=0.004, window_s=15.0)})
+    latency = Fixed(
+        {"r0": Observation(0, "r0", chat_itl_p99_s=0.04, chat_ttft_p99_s=0.3,
+                           step_samples_s=(0.04,))}
+    )
+    merged = (await MergedSensor(state, latency, itl_from_state=True).observe())["r0"]
+    assert merged.chat_itl_p99_s == 0.004  # the engine's step cadence, not bursty client gaps
+    assert merged.step_samples_s == ()
+    assert merged.chat_ttft_p99_s == 0.3  # TTFT still the client's, chat only
+    assert merged.window_s == 15.0
