@@ -126,7 +126,9 @@ def simulate_command(
             run_id=run_id or (records.name if records else "sim"),
         )  # fmt: skip
         sim_cfg = apply_settings(sim_cfg, set_ or [])
-        policy = policy_factory(controller, sim_cfg, model, static_seats, static_chunk)
+        policy = policy_factory(
+            controller, sim_cfg, model, static_seats, static_chunk, cfg.controller
+        )
         trace = load_trace(chat_trace, trace_time_scale) if chat_trace else None
     except ValidationError as exc:
         _fail(explain(exc))
@@ -316,9 +318,10 @@ def explain(exc) -> str:
 
 
 def policy_factory(
-    name: str, sim_cfg, model: StepTimeModel, seats: int, chunk: int
+    name: str, sim_cfg, model: StepTimeModel, seats: int, chunk: int, tuning=None
 ) -> PolicyFactory:
-    """The admission policy behind `--controller`; one SLO controller serves every replica."""
+    """The admission policy behind `--controller`; one SLO controller serves every replica.
+    `tuning` is the engine config's `controller:` section (a ControllerConfig), if it has one."""
     from scheduler.admission import NoAdmissionControl, StaticCaps
 
     if name == "none":
@@ -333,7 +336,8 @@ def policy_factory(
             raise SimulateError(
                 f"--controller slo needs scheduler/controller.py ({exc}); use none or static"
             ) from None
-        config = ControllerConfig(engine_step_tokens=engine_step_tokens(step_flags(sim_cfg.engine)))
+        step = engine_step_tokens(step_flags(sim_cfg.engine))
+        config = (tuning or ControllerConfig()).model_copy(update={"engine_step_tokens": step})
         ctrl = SLOController(sim_cfg.slo, model, config)
         return lambda _replica: ctrl
     raise SimulateError(f"--controller {name!r}: choose one of {', '.join(CONTROLLERS)}")

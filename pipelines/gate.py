@@ -45,7 +45,7 @@ from pipelines.gate_setup import (
     sensor_window_s,
 )
 from scheduler import kv_guard
-from scheduler.admission import BatchInFlight, Decision, Observation
+from scheduler.admission import BatchInFlight, Decision, Observation, prefill_fits
 from scheduler.controller import ControllerConfig, SLOController
 from scheduler.slo import SLO
 from scheduler.step import StepTimeModel
@@ -157,7 +157,7 @@ class GateActor:
                     if self._stopped:
                         raise RunStopped(f"run stopped: {self._stopped}")
                     self._check_can_ever_fit(kv_tokens)
-                    replica = self._route(kv_tokens)
+                    replica = self._route(prompt_tokens, kv_tokens)
                     if replica is not None:
                         return self._grant(replica, doc_id, prompt_tokens, kv_tokens)
                     await self._cond.wait()
@@ -189,12 +189,21 @@ class GateActor:
             self._cond.notify_all()
         return True
 
-    async def progress(self, permit_id: str, prefilled_tokens: int) -> None:
-        """How far a permit's prompt is prefilled (e.g. all of it once its first token arrived);
-        without it the Gate assumes none, which overstates pending KV, the safe side."""
+    async def progress(
+        self, permit_id: str, prefilled_tokens: int, prompt_tokens: int | None = None
+    ) -> None:
+        """How far a permit's prompt is prefilled (e.g. all of it once its first token arrived),
+        and its exact length when known (`acquire` got an estimate, made before the prompt was).
+        Without it the Gate assumes none is, which overstates pending KV and prefill (the safe
+        side: under the SLO policy a prompt never reported prefilled holds back the next one until
+        it is released)."""
         for r in self.replicas.values():
-            if permit_id in r.held:
-                r.held[permit_id].prefilled_tokens = prefilled_tokens
+            held = r.held.get(permit_id)
+            if held is not None:
+                held.prompt_tokens = prompt_tokens or held.prompt_tokens
+                held.prefilled_tokens = min(prefilled_tokens, held.prompt_tokens)
+                async with self._cond:
+                    self._cond.notify_all()
 
     async def report(self, record_row: dict, gaps: list[dict] | None = None) -> None:
         """Timings of a request that held no permit (a chat request seen by a load generator or a
@@ -338,21 +347,27 @@ class GateActor:
 
     # -- routing ----------------------------------------------------------------------------
 
-    def _route(self, kv_tokens: int) -> _Replica | None:
+    def _route(self, prompt_tokens: int, kv_tokens: int) -> _Replica | None:
         """The open replica with the most free seats, then the lowest KV usage."""
         now = time.time()
-        open_ = [r for r in self.replicas.values() if self._can_take(r, kv_tokens, now)]
+        open_ = [
+            r for r in self.replicas.values() if self._can_take(r, prompt_tokens, kv_tokens, now)
+        ]
         if not open_:
             return None
         return max(open_, key=lambda r: (r.free_seats(), -(r.observation.kv_usage or 0.0)))
 
-    def _can_take(self, r: _Replica, kv_tokens: int, now: float) -> bool:
+    def _can_take(self, r: _Replica, prompt_tokens: int, kv_tokens: int, now: float) -> bool:
         d, obs = r.decision, r.observation
         if not r.up or d is None or obs is None or d.pause or r.free_seats() <= 0:
             return False
         if not isinstance(self.policy, SLOController):
             return True  # baselines are blind to KV and staleness by design
         if self.policy.is_stale(r.name, now):
+            return False
+        prefilling = sum(h.prompt_tokens - h.prefilled_tokens for h in r.held.values())
+        step = self.policy.config.engine_step_tokens
+        if not prefill_fits(prefilling, prompt_tokens, d.chunk_tokens, step):
             return False
         cap = obs.kv_capacity_tokens
         committed = r.committed_kv + (r.granted_kv_tokens / cap if cap else 0.0)

@@ -26,6 +26,9 @@ class RayGateClient:
     async def aborted(self) -> bool:
         return await self._gate.aborted.remote()
 
+    async def prefilled(self, permit_id: str, tokens: int) -> None:
+        await self._gate.progress.remote(permit_id, tokens, tokens)
+
 
 class HttpClientPool:
     """One StreamingClient per replica over one shared connection pool."""

@@ -32,6 +32,10 @@ class GateClient(Protocol):
 
     async def aborted(self) -> bool: ...
 
+    async def prefilled(self, permit_id: str, tokens: int) -> None:
+        """The permit's prompt is in KV (its first token arrived): the Gate may start the next
+        batch prefill on that replica."""
+
 
 class ClientPool(Protocol):
     def client(self, base_url: str, replica: str) -> StreamingClient: ...
@@ -182,13 +186,21 @@ class DocumentJob:
         """Stream one request, cancelled (closing the connection, so the engine drops it too)
         if the run aborts meanwhile."""
         client = self.clients.client(permit.base_url, permit.replica)
+        reports: list[asyncio.Future] = []
+
+        def prefilled() -> None:
+            reports.append(asyncio.ensure_future(
+                self.gate.prefilled(permit.permit_id, len(prompt))))
+
         request = asyncio.ensure_future(client.complete(
             prompt, max_tokens=max_tokens, cls="batch", stage=stage, doc_id=doc_id,
-            priority=permit.priority, ignore_eos=self.config.ignore_eos))
+            priority=permit.priority, ignore_eos=self.config.ignore_eos,
+            on_first_token=prefilled))
         aborted = asyncio.ensure_future(self.abort.wait())
         await asyncio.wait({request, aborted}, return_when=asyncio.FIRST_COMPLETED)
         aborted.cancel()
         if request.done():
+            await asyncio.gather(*reports, return_exceptions=True)  # a lost report only delays
             return request.result()
         request.cancel()
         await self.gate.release(permit.permit_id, None, [])

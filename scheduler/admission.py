@@ -67,6 +67,24 @@ class Decision:
     predicted_step_ms: float | None = None
 
 
+def prefill_fits(
+    prefilling_tokens: int, prompt_tokens: int, chunk_tokens: int, step_tokens: int | None
+) -> bool:
+    """Whether a batch prompt may start beside the batch prompt tokens a replica is still
+    prefilling, under a decision's `chunk_tokens` and the engine's per-request step size
+    (`step_tokens`, None when a prompt is prefilled in one step).
+
+    The engine packs every pending prefill into its next step, up to its token budget, so two
+    prompts that each fit the ITL budget in a step of their own can together make a step that
+    does not. While the chunk is smaller than an engine step, `chunk_tokens` therefore caps the
+    batch prefill in flight, not only each prompt. A chunk of a whole step or more was priced as
+    full steps already, and pending prefills make those steps no longer, only more of them (the
+    TTFT allowance bounds that). One prompt may always start when nothing is prefilling."""
+    if prefilling_tokens <= 0 or (step_tokens is not None and chunk_tokens >= step_tokens):
+        return True
+    return prefilling_tokens + prompt_tokens <= chunk_tokens
+
+
 class AdmissionPolicy(Protocol):
     """Anything that turns an observation of a replica into caps for batch work on it."""
 

@@ -13,7 +13,7 @@ import json
 import random
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 
 import httpx
@@ -118,7 +118,10 @@ class StreamingClient:
         ignore_eos: bool = False,
         temperature: float = 0.0,
         extra: dict | None = None,
+        on_first_token: Callable[[], None] | None = None,
     ) -> Completion:
+        """`on_first_token` is called once, when the first token arrives: the prompt is in KV
+        then (a batch worker tells the Gate its prefill is done)."""
         record = RequestRecord(
             run_id=self.run_id,
             request_id=request_id or uuid.uuid4().hex,
@@ -142,15 +145,16 @@ class StreamingClient:
         }
         try:
             async with asyncio.timeout(self.config.total_timeout_s):
-                return await self._with_retries(path, payload, record)
+                return await self._with_retries(path, payload, record, on_first_token)
         except TimeoutError:
             return _failed(record, "timeout", f"no answer within {self.config.total_timeout_s:.0f} s")
 
-    async def _with_retries(self, path: str, payload: dict, record: RequestRecord) -> Completion:
+    async def _with_retries(self, path: str, payload: dict, record: RequestRecord,
+                            on_first_token: Callable[[], None] | None) -> Completion:
         delay = self.config.backoff_s
         for attempt in range(self.config.retries + 1):
             try:
-                return await self._stream_once(path, payload, record)
+                return await self._stream_once(path, payload, record, on_first_token)
             except RetryableError as exc:
                 if attempt == self.config.retries:
                     done = _failed(record, "error", f"{exc} (after {attempt + 1} attempts)")
@@ -160,7 +164,8 @@ class StreamingClient:
                 delay = min(delay * 2, self.config.backoff_max_s)
         raise AssertionError("unreachable")
 
-    async def _stream_once(self, path: str, payload: dict, record: RequestRecord) -> Completion:
+    async def _stream_once(self, path: str, payload: dict, record: RequestRecord,
+                           on_first_token: Callable[[], None] | None = None) -> Completion:
         """One attempt. Raises RetryableError only while no token has arrived."""
         t0_wall, t0 = time.time(), time.perf_counter()
         token_times: list[float] = []
@@ -174,7 +179,10 @@ class StreamingClient:
                     return _failed(record, "error", f"HTTP {resp.status_code}: {detail}")
                 async for chunk in _sse_chunks(resp):
                     now = t0_wall + (time.perf_counter() - t0)
+                    first = not token_times
                     _absorb(chunk, now, record, token_times, pieces)
+                    if first and token_times and on_first_token is not None:
+                        on_first_token()
         except (httpx.ConnectError, httpx.ConnectTimeout, httpx.RemoteProtocolError,
                 httpx.ReadError, httpx.ReadTimeout) as exc:
             if not token_times:

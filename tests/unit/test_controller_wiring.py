@@ -104,3 +104,24 @@ def test_the_gate_actor_hands_the_engine_flags_to_its_controller(tmp_path):
     assert gate.policy.config.engine_step_tokens == 256
     blind = GateActor("blind", [("r0", "http://127.0.0.1:9")], latency_model=str(path))
     assert blind.policy.config.engine_step_tokens is None
+
+
+def test_the_gate_takes_the_engine_configs_tuning_and_step(tmp_path):
+    import yaml
+
+    from pipelines.gate_setup import controller_config
+    from serving.engine_config import load_engine_config
+
+    doc = yaml.safe_load((PROFILE.parent / "cpu-small.yaml").read_text())
+    path = tmp_path / "tuned.yaml"
+    path.write_text(yaml.safe_dump({**doc, "controller": {"headroom": 0.5}}))
+    tuned = load_engine_config(path)
+    config = controller_config(tuned.controller, tuned.vllm)
+    assert config.headroom == 0.5 and config.engine_step_tokens == 512
+
+
+def test_simulate_takes_the_engine_configs_controller_tuning(profile):
+    tuned = ControllerConfig(headroom=0.5)
+    cfg = sim_config(profile, engine=engine_params(profile, 1_000_000), duration_s=60.0)
+    ctrl = policy_factory("slo", cfg, step_model(profile, None), 4, 2048, tuned)("sim-0")
+    assert ctrl.config.headroom == 0.5 and ctrl.config.engine_step_tokens is not None

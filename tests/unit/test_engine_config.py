@@ -84,3 +84,13 @@ def test_values_lists_and_mappings_render() -> None:
 def test_env_values_become_strings(tmp_path: Path) -> None:
     doc = minimal() | {"env": {"OMP_NUM_THREADS": 2}}
     assert load_engine_config(write(tmp_path, doc)).env == {"OMP_NUM_THREADS": "2"}
+
+
+def test_controller_tuning_is_validated_with_its_key_named(tmp_path: Path) -> None:
+    config = load_engine_config(write(tmp_path, minimal() | {"controller": {"headroom": 0.5}}))
+    assert config.controller is not None and config.controller.headroom == 0.5
+    with pytest.raises(EngineConfigError, match=r"controller\.hedroom: unknown key"):
+        load_engine_config(write(tmp_path, minimal() | {"controller": {"hedroom": 0.5}}))
+    with pytest.raises(EngineConfigError, match=r"controller\.headroom"):
+        load_engine_config(write(tmp_path, minimal() | {"controller": {"headroom": 2}}))
+

@@ -162,7 +162,10 @@ def test_a_cut_stops_new_grants_but_never_revokes_permits(gates):
     ]
     cfg = PATIENT.model_copy(update={"cold_start_seats": 4})
     gate = gates("cut", script, replicas=REPLICAS[:1], latency_model=MODEL, controller=cfg)
-    held = ray.get([gate.acquire.remote(f"d{i}", 400) for i in range(4)])
+    held = []
+    for i in range(4):  # one prefill at a time: each is reported done before the next starts
+        held.append(ray.get(gate.acquire.remote(f"d{i}", 400), timeout=5.0))
+        ray.get(gate.progress.remote(held[-1].permit_id, 400))
     caps = ray.get(gate.poll_now.remote())
     assert caps["r0"]["batch_seats"] == 2 and caps["r0"]["reason"] == "itl-violation"
     assert caps["r0"]["in_flight"] == 4  # nothing taken back
@@ -172,6 +175,25 @@ def test_a_cut_stops_new_grants_but_never_revokes_permits(gates):
         assert not ready([pending], timeout=0.5)  # still 3, then 2 in flight for 2 seats
     ray.get(gate.release.remote(held[2].permit_id))
     assert ray.get(pending, timeout=5.0).replica == "r0"
+
+
+def test_batch_prefill_in_flight_stays_within_one_chunk(gates):
+    script = [{"r0": {"chat_itl_p99_s": 0.01, "kv_usage": 0.2}}]
+    cfg = PATIENT.model_copy(update={"cold_start_seats": 4})
+    gate = gates("prefill", script, replicas=REPLICAS[:1], latency_model=MODEL, controller=cfg)
+    chunk = ray.get(gate.caps.remote())["r0"]["chunk_tokens"]
+    first = ray.get(gate.acquire.remote("d0", chunk // 2), timeout=5.0)
+    beside = ray.get(gate.acquire.remote("d1", chunk // 2), timeout=5.0)  # both fit one chunk
+    third = gate.acquire.remote("d2", chunk // 2)
+    assert not ready([third], timeout=0.5)  # a seat is free, but the engine would pack a step
+    ray.get(gate.progress.remote(first.permit_id, chunk // 2))  # its first token arrived
+    assert ray.get(third, timeout=5.0).replica == "r0"
+    # the prompt sent was shorter than the estimate acquire had: all of it is prefilled now
+    ray.get(gate.progress.remote(beside.permit_id, chunk // 3, chunk // 3))
+    lone = gate.acquire.remote("d3", 4 * chunk)  # longer than a chunk: waits for no prefill
+    assert not ready([lone], timeout=0.5)
+    ray.get(gate.release.remote(ray.get(third).permit_id))
+    assert ray.get(lone, timeout=5.0).replica == "r0"
 
 
 def test_released_and_reported_timings_reach_the_controller(gates):

@@ -40,6 +40,7 @@ class FakeGate:
         self.released: list[dict] = []
         self.down: list[str] = []
         self.stop_after = stop_after
+        self.prefills: list[tuple[str, int]] = []
 
     async def acquire(self, doc_id, prompt_tokens, max_tokens):
         n = next(self.ids)
@@ -54,6 +55,9 @@ class FakeGate:
     async def mark_down(self, replica):
         self.down.append(replica)
         self.up.remove(replica)
+
+    async def prefilled(self, permit_id, tokens):
+        self.prefills.append((permit_id, tokens))
 
 
 def stream(n_tokens: int) -> bytes:
@@ -95,6 +99,7 @@ async def test_short_document_goes_whole() -> None:
     assert out.status == "done" and out.sections == 1
     assert [r.stage for r in out.records] == ["whole"]
     assert out.summary == "ssssss"  # final_summary_tokens
+    assert gate.prefills == [("p0", len(pool.prompts[0][1]))]  # the Gate hears of the prefill
 
 
 async def test_long_document_maps_sections_under_the_cap_then_reduces() -> None:
