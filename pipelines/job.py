@@ -47,7 +47,9 @@ class JobSpec:
     """Controller tuning; None takes the engine config's `controller:` section (or the defaults)."""
     latency_model: str | None = None
     static_caps: tuple[int, int] = (4, 2048)
-    sensor: dict = field(default_factory=lambda: {"kind": "vllm"})
+    sensor: dict | None = None
+    """The Gate's sensor spec (`pipelines.gate_setup.build_sensor`); None reads each replica's
+    `/metrics` with p99s sliding over the SLO's window, the span the SLO is judged over."""
     interval_s: float = 2.0
     metrics_port: int | None = None
     gate_metrics_port: int | None = None
@@ -154,9 +156,10 @@ def _init_ray():
 def _start_gate(spec: JobSpec, engine: EngineConfig):
     from pipelines.gate import start_gate
 
+    sensor = spec.sensor or {"kind": "vllm", "window_s": spec.slo.window_s}
     return start_gate(
         spec.run_id, spec.replicas, policy=spec.policy, slo=spec.slo,
-        latency_model=spec.latency_model, static_caps=spec.static_caps, sensor=spec.sensor,
+        latency_model=spec.latency_model, static_caps=spec.static_caps, sensor=sensor,
         interval_s=spec.interval_s, metrics_port=spec.gate_metrics_port,
         controller=spec.controller or engine.controller, engine_flags=engine.vllm)
 
