@@ -159,8 +159,8 @@ class ReplicaState:
     last_chunk: int = 0
     ttft_tight_t: float | None = None
     """When chat TTFT p99 was last past its slack band (or the cold start, when it was unknown)."""
-    cut_reading: tuple[float, float | None, float | None] | None = None
-    """(t, ITL p99, TTFT p99) of the observation that last made feedback cut."""
+    cut_reading: tuple[float, Verdict, float | None] | None = None
+    """(t, verdict, the violated p99) of the observation that last made feedback cut."""
 
 
 class SLOController:
@@ -238,11 +238,12 @@ class SLOController:
             feedback.Bands(cfg.itl_slack_fraction, cfg.ttft_slack_fraction, cfg.cut_fraction),
         )
         if v in (Verdict.ITL_VIOLATION, Verdict.TTFT_VIOLATION):
-            if _seen_before(state, obs, itl):
+            signal = itl if v is Verdict.ITL_VIOLATION else obs.chat_ttft_p99_s
+            if _seen_before(state, obs, v, signal):
                 state.slack_streak = 0
                 return "settling"
             self._cut(state, obs.t, chunk_too=v is Verdict.ITL_VIOLATION)
-            state.cut_reading = (obs.t, itl, obs.chat_ttft_p99_s)
+            state.cut_reading = (obs.t, v, signal)
             return v.value
         if v is Verdict.SLACK and may_grow:
             return self._maybe_grow(state, obs)
@@ -377,22 +378,21 @@ class SLOController:
         return (allowed, False, "ttft-guard") if allowed < seats else (seats, False, reason)
 
 
-def _seen_before(state: ReplicaState, obs: Observation, itl_s: float | None) -> bool:
+def _seen_before(
+    state: ReplicaState, obs: Observation, verdict: Verdict, p99_s: float | None
+) -> bool:
     """Whether a violation in `obs` is the one feedback already cut for, seen again: a sensor with
     a sliding window (`obs.window_s`) keeps reporting the slow samples that caused a cut until they
     slide out, and cutting once per reading would take caps to their floor for one slow spell.
-    The reading is new evidence once its window starts after the cut, or when it is worse than the
-    reading that caused the cut (what the cut let through is slower still)."""
+    The reading is new evidence once its window starts after the cut, when it breaks the other
+    SLO, or when its p99 is worse than the one that caused the cut (what the cut let through is
+    slower still)."""
     if state.cut_reading is None or obs.window_s is None:
         return False
-    t_cut, itl_cut, ttft_cut = state.cut_reading
-    if obs.t - obs.window_s >= t_cut:
+    t_cut, verdict_cut, p99_cut = state.cut_reading
+    if obs.t - obs.window_s >= t_cut or verdict is not verdict_cut:
         return False
-    return _no_worse(itl_s, itl_cut) and _no_worse(obs.chat_ttft_p99_s, ttft_cut)
-
-
-def _no_worse(now: float | None, then: float | None) -> bool:
-    return now is None or (then is not None and now <= then)
+    return p99_s is not None and p99_cut is not None and p99_s <= p99_cut
 
 
 def _seat_kv_tokens(obs: Observation, state: ReplicaState, output_tokens: int) -> int:

@@ -120,6 +120,21 @@ def test_a_sliding_window_reporting_the_same_slow_spell_cuts_once():
     assert fresh.reason == "itl-violation" and fresh.batch_seats <= worse.batch_seats
 
 
+def test_a_ttft_spell_is_judged_by_ttft_alone_and_an_itl_break_is_new():
+    c = grown()
+    t, seats = after(c), c.states["r0"].seats
+    kw = {"window_s": 15.0}
+    first = c.decide(obs(t, in_flight=seats, chat_itl_p99_s=0.010, chat_ttft_p99_s=3.0, **kw))
+    assert first.reason == "ttft-violation"
+    # ITL moved a little, TTFT did not get worse: the same slow spell
+    same = c.decide(obs(t + 2, in_flight=first.batch_seats, chat_itl_p99_s=0.012,
+                        chat_ttft_p99_s=2.8, **kw))
+    assert same.reason == "settling" and same.batch_seats == first.batch_seats
+    itl = c.decide(obs(t + 4, in_flight=first.batch_seats, chat_itl_p99_s=0.080,
+                       chat_ttft_p99_s=2.8, **kw))
+    assert itl.reason == "itl-violation" and itl.batch_seats < first.batch_seats
+
+
 def test_without_a_window_every_violation_cuts():
     c = grown()
     t, seats = after(c), c.states["r0"].seats
