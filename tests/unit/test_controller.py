@@ -105,18 +105,28 @@ def test_a_sliding_window_reporting_the_same_slow_spell_cuts_once():
     assert first.reason == "itl-violation"
     # the next readings still hold the slow spell (their windows began before the cut)
     again = [
-        c.decide(obs(t + k * INTERVAL / 2, in_flight=first.batch_seats, chat_itl_p99_s=p99,
-                     window_s=15.0))
+        c.decide(
+            obs(
+                t + k * INTERVAL / 2, in_flight=first.batch_seats, chat_itl_p99_s=p99, window_s=15.0
+            )
+        )
         for k, p99 in ((1, 0.080), (2, 0.070))
     ]
     assert [d.reason for d in again] == ["settling", "settling"]
     assert all(d.batch_seats == first.batch_seats for d in again)
-    worse = c.decide(obs(t + 1.5 * INTERVAL, in_flight=first.batch_seats, chat_itl_p99_s=0.090,
-                         window_s=15.0))
+    worse = c.decide(
+        obs(t + 1.5 * INTERVAL, in_flight=first.batch_seats, chat_itl_p99_s=0.090, window_s=15.0)
+    )
     assert worse.reason == "itl-violation" and worse.batch_seats < first.batch_seats
     # a window that starts after the last cut is new evidence, however it compares
-    fresh = c.decide(obs(t + 1.5 * INTERVAL + 16.0, in_flight=worse.batch_seats,
-                         chat_itl_p99_s=0.060, window_s=15.0))
+    fresh = c.decide(
+        obs(
+            t + 1.5 * INTERVAL + 16.0,
+            in_flight=worse.batch_seats,
+            chat_itl_p99_s=0.060,
+            window_s=15.0,
+        )
+    )
     assert fresh.reason == "itl-violation" and fresh.batch_seats <= worse.batch_seats
 
 
@@ -127,11 +137,13 @@ def test_a_ttft_spell_is_judged_by_ttft_alone_and_an_itl_break_is_new():
     first = c.decide(obs(t, in_flight=seats, chat_itl_p99_s=0.010, chat_ttft_p99_s=3.0, **kw))
     assert first.reason == "ttft-violation"
     # ITL moved a little, TTFT did not get worse: the same slow spell
-    same = c.decide(obs(t + 2, in_flight=first.batch_seats, chat_itl_p99_s=0.012,
-                        chat_ttft_p99_s=2.8, **kw))
+    same = c.decide(
+        obs(t + 2, in_flight=first.batch_seats, chat_itl_p99_s=0.012, chat_ttft_p99_s=2.8, **kw)
+    )
     assert same.reason == "settling" and same.batch_seats == first.batch_seats
-    itl = c.decide(obs(t + 4, in_flight=first.batch_seats, chat_itl_p99_s=0.080,
-                       chat_ttft_p99_s=2.8, **kw))
+    itl = c.decide(
+        obs(t + 4, in_flight=first.batch_seats, chat_itl_p99_s=0.080, chat_ttft_p99_s=2.8, **kw)
+    )
     assert itl.reason == "itl-violation" and itl.batch_seats < first.batch_seats
 
 

@@ -99,8 +99,9 @@ def test_the_gate_actor_hands_the_engine_flags_to_its_controller(tmp_path):
 
     path = tmp_path / "model.json"
     MODEL.to_json(path)
-    gate = GateActor("wired", [("r0", "http://127.0.0.1:9")], latency_model=str(path),
-                     engine_flags=FLAGS)
+    gate = GateActor(
+        "wired", [("r0", "http://127.0.0.1:9")], latency_model=str(path), engine_flags=FLAGS
+    )
     assert gate.policy.config.engine_step_tokens == 256
     blind = GateActor("blind", [("r0", "http://127.0.0.1:9")], latency_model=str(path))
     assert blind.policy.config.engine_step_tokens is None

@@ -381,8 +381,11 @@ async def test_merged_sensor_prefers_measured_latency_and_keeps_engine_state():
 async def test_merged_sensor_can_keep_the_engines_itl():
     state = Fixed({"r0": Observation(0, "r0", chat_itl_p99_s=0.004, window_s=15.0)})
     latency = Fixed(
-        {"r0": Observation(0, "r0", chat_itl_p99_s=0.04, chat_ttft_p99_s=0.3,
-                           step_samples_s=(0.04,))}
+        {
+            "r0": Observation(
+                0, "r0", chat_itl_p99_s=0.04, chat_ttft_p99_s=0.3, step_samples_s=(0.04,)
+            )
+        }
     )
     merged = (await MergedSensor(state, latency, itl_from_state=True).observe())["r0"]
     assert merged.chat_itl_p99_s == 0.004  # the engine's step cadence, not bursty client gaps
