@@ -21,7 +21,13 @@ from dataclasses import dataclass, field
 
 import httpx
 
-from serving.metrics import Histogram, histogram_delta, histogram_quantile, parse_metrics
+from serving.metrics import (
+    Histogram,
+    histogram_delta,
+    histogram_quantile,
+    parse_metrics,
+    select_families,
+)
 from serving.sensors import ITL_HISTOGRAMS
 
 
@@ -79,7 +85,7 @@ def _add(a: Histogram, b: Histogram) -> Histogram:
 
 def itl_histogram(text: str) -> Histogram | None:
     """The ITL histogram of one `/metrics` page, under whichever name this vLLM exports it."""
-    snap = parse_metrics(text)
+    snap = parse_metrics(select_families(text, ITL_HISTOGRAMS))
     for name in ITL_HISTOGRAMS:
         h = snap.histogram(name)
         if h is not None:

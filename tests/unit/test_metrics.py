@@ -2,7 +2,13 @@ import math
 
 import pytest
 
-from serving.metrics import Histogram, histogram_delta, histogram_quantile, parse_metrics
+from serving.metrics import (
+    Histogram,
+    histogram_delta,
+    histogram_quantile,
+    parse_metrics,
+    select_families,
+)
 
 
 @pytest.fixture(scope="module")
@@ -69,3 +75,12 @@ def test_delta_after_counter_reset_is_the_new_histogram() -> None:
     old = hist([0.01, math.inf], [100, 0])
     new = hist([0.01, math.inf], [3, 0])
     assert histogram_delta(new, old) == new
+
+
+def test_selecting_a_family_keeps_it_whole_and_drops_the_rest(data_dir) -> None:
+    text = (data_dir / "vllm_metrics_after.txt").read_text()
+    name = "vllm:inter_token_latency_seconds"
+    only = select_families(text, [name])
+    assert len(only) < len(text) / 5
+    assert parse_metrics(only).histogram(name) == parse_metrics(text).histogram(name)
+    assert parse_metrics(only).gauge("vllm:kv_cache_usage_perc") is None
