@@ -331,13 +331,12 @@ def policy_factory(
         return lambda _replica: caps
     if name == "slo":
         try:
-            from scheduler.controller import ControllerConfig, SLOController, engine_step_tokens
+            from scheduler.controller import SLOController, controller_config
         except ImportError as exc:
             raise SimulateError(
                 f"--controller slo needs scheduler/controller.py ({exc}); use none or static"
             ) from None
-        step = engine_step_tokens(step_flags(sim_cfg.engine))
-        config = (tuning or ControllerConfig()).model_copy(update={"engine_step_tokens": step})
+        config = controller_config(tuning, step_flags(sim_cfg.engine))
         ctrl = SLOController(sim_cfg.slo, model, config)
         return lambda _replica: ctrl
     raise SimulateError(f"--controller {name!r}: choose one of {', '.join(CONTROLLERS)}")

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from scheduler.admission import AdmissionPolicy, NoAdmissionControl, StaticCaps
-from scheduler.controller import ControllerConfig, SLOController, engine_step_tokens
+from scheduler.controller import ControllerConfig, SLOController, controller_config
 from scheduler.slo import SLO
 from scheduler.step import StepTimeModel
 from serving.sensors import (
@@ -54,18 +54,6 @@ def build_policy(
 
         latency_model = LatencyModel.from_json(latency_model)
     return SLOController(slo, latency_model, controller_config(controller, engine_flags))
-
-
-def controller_config(
-    controller: ControllerConfig | None, engine_flags: Mapping[str, Any] | None
-) -> ControllerConfig:
-    """`controller` (or the defaults) with `engine_step_tokens` read from `engine_flags`, unless
-    the caller set it on purpose (None included: that switches the step pricing off)."""
-    config = controller or ControllerConfig()
-    if engine_flags is None or "engine_step_tokens" in config.model_fields_set:
-        return config
-    step = engine_step_tokens(engine_flags)
-    return ControllerConfig.model_validate({**config.model_dump(), "engine_step_tokens": step})
 
 
 def build_sensor(

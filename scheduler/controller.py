@@ -147,6 +147,18 @@ def engine_step_tokens(flags: Mapping[str, Any]) -> int | None:
     return int(min(budget, threshold) if 0 < threshold else budget)
 
 
+def controller_config(
+    controller: ControllerConfig | None, engine_flags: Mapping[str, Any] | None
+) -> ControllerConfig:
+    """`controller` (or the defaults) with `engine_step_tokens` read from `engine_flags`, unless
+    the caller set it on purpose (None included: that switches the step pricing off)."""
+    config = controller or ControllerConfig()
+    if engine_flags is None or "engine_step_tokens" in config.model_fields_set:
+        return config
+    step = engine_step_tokens(engine_flags)
+    return ControllerConfig.model_validate({**config.model_dump(), "engine_step_tokens": step})
+
+
 @dataclass
 class ReplicaState:
     """What the controller remembers about one replica between decisions."""

@@ -21,18 +21,9 @@ from flows.cli_simulate import (
 from pipelines.gate_setup import build_policy
 from scheduler.admission import BatchInFlight, Observation, StaticCaps
 from scheduler.controller import ControllerConfig, SLOController
-from scheduler.latency_model import LatencyModel
-from scheduler.slo import SLO
+from tests.unit.test_controller import MODEL, SLO_50
 
 PROFILE = Path(__file__).resolve().parents[2] / "engine_configs" / "h100x2-llama-3.1-70b-fp8.yaml"
-SLO_50 = SLO(chat_itl_p99_ms=50, chat_ttft_p99_ms=1000)
-MODEL = LatencyModel(
-    s_per_token=2e-5,
-    s_weight_read=0.01,
-    s_per_attention_unit=2e-10,
-    s_per_context_token=2e-8,
-    overhead_s=0.001,
-)
 FLAGS = {"max-num-batched-tokens": 512, "long-prefill-token-threshold": 256}
 
 
@@ -110,7 +101,7 @@ def test_the_gate_actor_hands_the_engine_flags_to_its_controller(tmp_path):
 def test_the_gate_takes_the_engine_configs_tuning_and_step(tmp_path):
     import yaml
 
-    from pipelines.gate_setup import controller_config
+    from scheduler.controller import controller_config
     from serving.engine_config import load_engine_config
 
     doc = yaml.safe_load((PROFILE.parent / "cpu-small.yaml").read_text())
