@@ -1,8 +1,15 @@
 """Start, watch and stop vLLM replicas as child processes, one process group each.
 
-Each replica runs the engine's interpreter (`.venv-engine`) in a new session, so stopping it means
-signalling one process group: the API server, its engine core and any worker it spawned go together
-and nothing is left orphaned. Replicas are recorded in `<state_dir>/replicas.json` the moment they
+Each replica runs the engine's interpreter (`.venv-engine`) in a process group of its own, so stopping
+it means signalling one group: the API server, its engine core and any worker it spawned go together
+and nothing is left orphaned.
+
+A group, not a session: Linux gives every session its own scheduling group (autogroup), and an
+engine in a session of its own starved everything outside it on a small host. The engine core
+busy-waits for the worker with `sched_yield`, which yields only within its own group; while the
+worker ran a long step, both cores stayed with the engine and the chat clients, the batch workers
+and the engine's own callers waited, measured here up to 1.9 s at a time (even at nice -15). In
+the caller's session the yield reaches them, and those stalls are gone. Replicas are recorded in `<state_dir>/replicas.json` the moment they
 start, so `nightshift engine down` can stop replicas that a crashed or interrupted `up` left behind.
 """
 
@@ -133,7 +140,7 @@ class ReplicaSet:
         with open(log, "wb") as out:
             proc = subprocess.Popen(
                 argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                env={**os.environ, **config.env}, start_new_session=True,
+                env={**os.environ, **config.env}, process_group=0,
                 preexec_fn=_die_with_parent if tie_to_caller and _on_main_thread() else None)
         replica = Replica(name, config_path, config.model.served_name, host, port, proc.pid,
                           str(log), time.time())

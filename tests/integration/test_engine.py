@@ -47,3 +47,12 @@ async def test_priority_field_is_accepted(tiny_replica) -> None:
     async with StreamingClient(tiny_replica.base_url, tiny_replica.served_model) as client:
         low = await client.complete("x", max_tokens=2, priority=50)
     assert low.ok, low.record.error
+
+
+def test_replica_has_its_own_group_in_the_callers_session(tiny_replica) -> None:
+    """Stopping a replica signals one process group; sharing the caller's session keeps the engine
+    in the caller's scheduling group (serving/launcher.py says what a session of its own cost)."""
+    import os
+
+    assert os.getpgid(tiny_replica.pid) == tiny_replica.pid
+    assert os.getsid(tiny_replica.pid) == os.getsid(0)
