@@ -8,6 +8,7 @@ Pure: scored dictionaries in, figures out.
 from __future__ import annotations
 
 from scheduler.slo import SLO
+from scheduler.step import PrefillChunk, StepBatch, StepTimeModel
 
 
 def slo_from_chat_only(chat: dict, factor: float, window_s: float) -> SLO:
@@ -23,6 +24,17 @@ def slo_from_chat_only(chat: dict, factor: float, window_s: float) -> SLO:
         chat_ttft_p99_ms=round(ttft * factor, 1),
         window_s=window_s,
     )
+
+
+def itl_floor_ms(model: StepTimeModel, step_tokens: int, chat_context_tokens: int = 1024) -> float:
+    """The tightest chat ITL p99 worth promising beside batch work: two engine steps that each
+    prefill a full `step_tokens` budget at the start of a prompt, beside one decoding chat, by
+    `model`. Chat's own prompts are prefilled in such steps, so a chat stream's gaps include them
+    whenever chats overlap; under two of them no batch chunk fits beside one. Chat alone on an idle
+    host can show a p99 of a decode step or two, and 3x that is below one such step: an SLO derived
+    from it alone would pin the controller at its floor and judge every window failed."""
+    step = StepBatch((PrefillChunk(step_tokens, 0),), 1, chat_context_tokens)
+    return round(2 * model.step_seconds(step) * 1000, 1)
 
 
 def holds(s: dict) -> bool:

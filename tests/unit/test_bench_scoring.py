@@ -5,7 +5,7 @@ from bench.scoring import (
     chat_latency,
     window_verdicts,
 )
-from bench.verdicts import pick_static
+from bench.verdicts import itl_floor_ms, pick_static
 from scheduler.latency_model import LatencyModel
 from scheduler.records import RequestRecord
 from scheduler.slo import SLO
@@ -70,3 +70,10 @@ def test_static_pick_is_the_fastest_that_held() -> None:
     sweep = {"1x512": scored(1.0, 100), "2x1024": scored(1.0, 300), "4x2048": scored(0.5, 900)}
     assert pick_static(sweep) == "2x1024"
     assert pick_static({"a": scored(0.5, 9), "b": scored(0.75, 1)}) == "b"
+
+
+def test_itl_floor_is_two_full_steps_and_grows_with_the_step() -> None:
+    model = LatencyModel(s_per_token=1e-5, s_per_attention_unit=0.0, overhead_s=0.002)
+    # 512 prefill tokens + 1 decode token at 10 µs each, plus 2 ms overhead, twice.
+    assert itl_floor_ms(model, 512) == round(2 * (513 * 1e-5 + 0.002) * 1000, 1)
+    assert itl_floor_ms(model, 256) < itl_floor_ms(model, 512)
