@@ -1,16 +1,17 @@
 """Start, watch and stop vLLM replicas as child processes, one process group each.
 
-Each replica runs the engine's interpreter (`.venv-engine`) in a process group of its own, so stopping
-it means signalling one group: the API server, its engine core and any worker it spawned go together
-and nothing is left orphaned.
+Each replica runs the engine's interpreter (`.venv-engine`) in a process group of its own, so
+stopping it means signalling one group: the API server, its engine core and any worker it spawned
+go together and nothing is left orphaned. Replicas are recorded in `<state_dir>/replicas.json` the
+moment they start, so `nightshift engine down` can stop replicas that a crashed or interrupted `up`
+left behind.
 
-A group, not a session: Linux gives every session its own scheduling group (autogroup), and an
+A group, not a session: Linux schedules every session as a group of its own (autogroup), and an
 engine in a session of its own starved everything outside it on a small host. The engine core
-busy-waits for the worker with `sched_yield`, which yields only within its own group; while the
-worker ran a long step, both cores stayed with the engine and the chat clients, the batch workers
+busy-waits for its worker with `sched_yield`, which yields only within its own group; while the
+worker ran a long step, both cores stayed with the engine, and the chat clients, the batch workers
 and the engine's own callers waited, measured here up to 1.9 s at a time (even at nice -15). In
-the caller's session the yield reaches them, and those stalls are gone. Replicas are recorded in `<state_dir>/replicas.json` the moment they
-start, so `nightshift engine down` can stop replicas that a crashed or interrupted `up` left behind.
+the caller's session the yield reaches them, and those stalls are gone.
 """
 
 from __future__ import annotations
