@@ -18,8 +18,15 @@ from scheduler.records import RequestRecord
 class ChatLoadThread:
     """`start()` the load, `stop()` it early or `join()` it; both return the result."""
 
-    def __init__(self, replicas: list[tuple[str, str]], model: str, tokenizer,
-                 spec: ChatLoadSpec, run_id: str, gate_run_id: str | None = None) -> None:
+    def __init__(
+        self,
+        replicas: list[tuple[str, str]],
+        model: str,
+        tokenizer,
+        spec: ChatLoadSpec,
+        run_id: str,
+        gate_run_id: str | None = None,
+    ) -> None:
         self._args = (replicas, model, tokenizer, spec, run_id)
         self._gate_run_id = gate_run_id
         self._gate = None

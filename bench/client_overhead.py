@@ -18,25 +18,36 @@ from serving.client import StreamingClient
 
 
 def sse_body(tokens: int) -> bytes:
-    chunks = [json.dumps({"choices": [{"index": 0, "text": " tok", "token_ids": [7]}]})
-              for _ in range(tokens)]
-    chunks.append(json.dumps({"choices": [], "usage": {"prompt_tokens": 512,
-                                                       "completion_tokens": tokens}}))
+    chunks = [
+        json.dumps({"choices": [{"index": 0, "text": " tok", "token_ids": [7]}]})
+        for _ in range(tokens)
+    ]
+    chunks.append(
+        json.dumps({"choices": [], "usage": {"prompt_tokens": 512, "completion_tokens": tokens}})
+    )
     return "".join(f"data: {c}\n\n" for c in chunks).encode() + b"data: [DONE]\n\n"
 
 
 async def responder(tokens: int) -> tuple[asyncio.AbstractServer, int]:
     """An HTTP/1.1 server on loopback that answers every POST with a streamed completion."""
     body = sse_body(tokens)
-    head = (b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
-            b"content-length: " + str(len(body)).encode() + b"\r\n\r\n")
+    head = (
+        b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
+        b"content-length: " + str(len(body)).encode() + b"\r\n\r\n"
+    )
 
     async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
             while True:
                 headers = await reader.readuntil(b"\r\n\r\n")
-                length = next((int(line.split(b":")[1]) for line in headers.split(b"\r\n")
-                               if line.lower().startswith(b"content-length")), 0)
+                length = next(
+                    (
+                        int(line.split(b":")[1])
+                        for line in headers.split(b"\r\n")
+                        if line.lower().startswith(b"content-length")
+                    ),
+                    0,
+                )
                 await reader.readexactly(length)
                 writer.write(head + body)
                 await writer.drain()
@@ -55,21 +66,29 @@ async def client_cpu_per_request(requests: int, tokens: int, concurrency: int) -
 
         async def one() -> None:
             async with sem:
-                done = await client.complete([1] * 512, max_tokens=tokens, cls="batch",
-                                             stage="map")
+                done = await client.complete([1] * 512, max_tokens=tokens, cls="batch", stage="map")
                 assert done.ok and len(done.token_times) == tokens
 
         cpu0, wall0 = time.process_time(), time.perf_counter()
         await asyncio.gather(*(one() for _ in range(requests)))
         cpu, wall = time.process_time() - cpu0, time.perf_counter() - wall0
     # The responder runs in this process too, so this over-counts the client's share.
-    return {"requests": requests, "tokens_per_request": tokens,
-            "cpu_ms_per_request": cpu / requests * 1000, "requests_per_s": requests / wall}
+    return {
+        "requests": requests,
+        "tokens_per_request": tokens,
+        "cpu_ms_per_request": cpu / requests * 1000,
+        "requests_per_s": requests / wall,
+    }
 
 
 async def gate_permits_per_s(permits: int) -> dict:
-    gate = GateActor("bench", [(f"r{i}", f"http://127.0.0.1:{9 + i}") for i in range(4)],
-                     policy="static", static_caps=(64, 2048), sensor={"kind": "streamed"})
+    gate = GateActor(
+        "bench",
+        [(f"r{i}", f"http://127.0.0.1:{9 + i}") for i in range(4)],
+        policy="static",
+        static_caps=(64, 2048),
+        sensor={"kind": "streamed"},
+    )
     await gate.poll_now()
     t0 = time.perf_counter()
     for i in range(permits):
@@ -77,8 +96,11 @@ async def gate_permits_per_s(permits: int) -> dict:
         await gate.release(p.permit_id, None)
     seconds = time.perf_counter() - t0
     await gate.close()
-    return {"permits": permits, "permits_per_s": permits / seconds,
-            "us_per_acquire_release": seconds / permits * 1e6}
+    return {
+        "permits": permits,
+        "permits_per_s": permits / seconds,
+        "us_per_acquire_release": seconds / permits * 1e6,
+    }
 
 
 async def ray_gate_permits_per_s(permits: int, concurrency: int) -> dict:
@@ -89,8 +111,13 @@ async def ray_gate_permits_per_s(permits: int, concurrency: int) -> dict:
 
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     try:
-        gate = start_gate("bench-ray", [("r0", "http://127.0.0.1:9")], policy="static",
-                          static_caps=(concurrency, 2048), sensor={"kind": "streamed"})
+        gate = start_gate(
+            "bench-ray",
+            [("r0", "http://127.0.0.1:9")],
+            policy="static",
+            static_caps=(concurrency, 2048),
+            sensor={"kind": "streamed"},
+        )
         await gate.poll_now.remote()
 
         async def worker(n: int) -> None:
@@ -118,9 +145,11 @@ def main() -> None:
     gate = asyncio.run(gate_permits_per_s(args.permits))
     via_ray = asyncio.run(ray_gate_permits_per_s(args.permits // 2, args.concurrency))
     print(json.dumps({"client": client, "gate": gate, "gate_via_ray": via_ray}, indent=2))
-    print(f"client CPU per request: {client['cpu_ms_per_request']:.2f} ms (target < 5 ms); "
-          f"gate: {gate['permits_per_s']:,.0f} permits/s in process, "
-          f"{via_ray['permits_per_s']:,.0f} through the Ray actor (target >= 200)")
+    print(
+        f"client CPU per request: {client['cpu_ms_per_request']:.2f} ms (target < 5 ms); "
+        f"gate: {gate['permits_per_s']:,.0f} permits/s in process, "
+        f"{via_ray['permits_per_s']:,.0f} through the Ray actor (target >= 200)"
+    )
 
 
 if __name__ == "__main__":

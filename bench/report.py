@@ -11,20 +11,24 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-COLUMNS = (("chat ITL p99 ms", ("chat", "itl_ms", "p99")),
-           ("client ITL p99 ms", ("chat", "client_itl_ms", "p99")),
-           ("chat TTFT p99 ms", ("chat", "ttft_ms", "p99")),
-           ("chat E2E p99 ms", ("chat", "e2e_ms", "p99")),
-           ("SLO windows met", ("chat", "slo_windows_met")),
-           ("chat errors", ("chat", "errors")),
-           ("batch tok/s", ("batch", "tokens_per_s")),
-           ("goodput tok/s", ("batch", "goodput_tokens_per_s")),
-           ("docs done", ("batch", "docs_done")))
+COLUMNS = (
+    ("chat ITL p99 ms", ("chat", "itl_ms", "p99")),
+    ("client ITL p99 ms", ("chat", "client_itl_ms", "p99")),
+    ("chat TTFT p99 ms", ("chat", "ttft_ms", "p99")),
+    ("chat E2E p99 ms", ("chat", "e2e_ms", "p99")),
+    ("SLO windows met", ("chat", "slo_windows_met")),
+    ("chat errors", ("chat", "errors")),
+    ("batch tok/s", ("batch", "tokens_per_s")),
+    ("goodput tok/s", ("batch", "goodput_tokens_per_s")),
+    ("docs done", ("batch", "docs_done")),
+)
 
 
-ITL_NOTE = ("Chat ITL is judged from the engine's own ITL histogram (every decoding sequence, "
-            "stamped in the engine core); the client's streamed gaps, which also carry the host's "
-            "scheduling noise, are shown as client ITL.")
+ITL_NOTE = (
+    "Chat ITL is judged from the engine's own ITL histogram (every decoding sequence, "
+    "stamped in the engine core); the client's streamed gaps, which also carry the host's "
+    "scheduling noise, are shown as client ITL."
+)
 SIM_ITL_NOTE = "Simulated replicas: chat ITL is the gaps between the simulated engine's steps."
 
 
@@ -57,12 +61,19 @@ def table_rows(out: dict) -> list[list[str]]:
 def markdown(out: dict, command: str) -> str:
     slo = out["slo"]
     head = ["scenario"] + [c for c, _ in COLUMNS]
-    lines = [f"# nightshift bench `{out.get('bench_id', '')}`", "",
-             f"SLO: chat ITL p99 ≤ {slo['chat_itl_p99_ms']} ms, TTFT p99 ≤ "
-             f"{slo['chat_ttft_p99_ms']} ms, per {slo['window_s']:.0f} s window.", "",
-             itl_note(out), "",
-             f"Command: `{command}`", "",
-             "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    lines = [
+        f"# nightshift bench `{out.get('bench_id', '')}`",
+        "",
+        f"SLO: chat ITL p99 ≤ {slo['chat_itl_p99_ms']} ms, TTFT p99 ≤ "
+        f"{slo['chat_ttft_p99_ms']} ms, per {slo['window_s']:.0f} s window.",
+        "",
+        itl_note(out),
+        "",
+        f"Command: `{command}`",
+        "",
+        "| " + " | ".join(head) + " |",
+        "|" + "---|" * len(head),
+    ]
     lines += ["| " + " | ".join(r) + " |" for r in table_rows(out)]
     lines += ["", "Summary:", "", "```", json.dumps(out["summary"], indent=2), "```", ""]
     return "\n".join(lines)
@@ -72,14 +83,21 @@ def plot(out: dict, path: Path) -> Path:
     names = list(out["scenarios"])
     fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
     itl = [_get(out["scenarios"][n], ("chat", "itl_ms", "p99")) or 0 for n in names]
-    a.bar(names, itl, color=["#4c72b0" if v <= out["slo"]["chat_itl_p99_ms"] else "#c44e52"
-                             for v in itl])
+    a.bar(
+        names,
+        itl,
+        color=["#4c72b0" if v <= out["slo"]["chat_itl_p99_ms"] else "#c44e52" for v in itl],
+    )
     a.axhline(out["slo"]["chat_itl_p99_ms"], color="black", linestyle="--", label="SLO")
     a.set_yscale("log")
     a.set_title("Chat ITL p99 (ms)")
     a.legend()
-    b.bar(names, [_get(out["scenarios"][n], ("batch", "goodput_tokens_per_s")) or 0
-                  for n in names], color="#55a868", label="goodput")
+    b.bar(
+        names,
+        [_get(out["scenarios"][n], ("batch", "goodput_tokens_per_s")) or 0 for n in names],
+        color="#55a868",
+        label="goodput",
+    )
     b.set_title("Batch goodput (tokens/s in windows that held the SLO)")
     for ax in (a, b):
         ax.tick_params(axis="x", rotation=20)
@@ -95,8 +113,9 @@ def write(out: dict, directory: Path, command: str) -> tuple[Path, Path]:
     md = directory / "bench.md"
     md.write_text(markdown(out, command))
     head = "".join(f"<th>{html.escape(c)}</th>" for c in ["scenario", *(c for c, _ in COLUMNS)])
-    body = "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in r) + "</tr>"
-                   for r in table_rows(out))
+    body = "".join(
+        "<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in r) + "</tr>" for r in table_rows(out)
+    )
     page = directory / "bench.html"
     page.write_text(
         "<!doctype html><meta charset=utf-8><title>nightshift bench</title>"
@@ -107,5 +126,6 @@ def write(out: dict, directory: Path, command: str) -> tuple[Path, Path]:
         f"TTFT p99 ≤ {out['slo']['chat_ttft_p99_ms']} ms</p><p>{html.escape(itl_note(out))}</p>"
         f"<p><code>{html.escape(command)}"
         f"</code></p><table><tr>{head}</tr>{body}</table><img src='{png.name}' width=1000>"
-        f"<pre>{html.escape(json.dumps(out['summary'], indent=2))}</pre>")
+        f"<pre>{html.escape(json.dumps(out['summary'], indent=2))}</pre>"
+    )
     return md, page

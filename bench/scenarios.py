@@ -84,8 +84,7 @@ class ScenarioRun:
     """The replicas' ITL histograms through the scenario; None judges ITL by the client's gaps."""
 
 
-def run_scenarios(cfg: BenchConfig, replicas: list[tuple[str, str]], model: str,
-                  tokenizer) -> dict:
+def run_scenarios(cfg: BenchConfig, replicas: list[tuple[str, str]], model: str, tokenizer) -> dict:
     """Run every scenario on `replicas` and return OUT.json's content."""
     runs: dict[str, ScenarioRun] = {}
     if cfg.warmup_s > 0:
@@ -104,8 +103,9 @@ def run_scenarios(cfg: BenchConfig, replicas: list[tuple[str, str]], model: str,
         elif name == "static":
             for seats, chunk in cfg.static_sweep:
                 key = f"static-{seats}x{chunk}"
-                sweep[key] = _with_batch(cfg, key, replicas, model, tokenizer, slo, "static",
-                                         (seats, chunk))
+                sweep[key] = _with_batch(
+                    cfg, key, replicas, model, tokenizer, slo, "static", (seats, chunk)
+                )
         elif name == "controlled":
             runs[name] = _with_batch(cfg, name, replicas, model, tokenizer, slo, "slo")
     scored = {name: score(run, slo) for name, run in runs.items()}
@@ -114,8 +114,11 @@ def run_scenarios(cfg: BenchConfig, replicas: list[tuple[str, str]], model: str,
         best = pick_static(scored_sweep)
         scored["static"] = {**scored_sweep[best], "caps": best, "sweep": scored_sweep}
         runs["static"] = sweep[best]
-    out = {"scenarios": scored, "slo": slo.model_dump(),
-           "run_ids": {n: r.run_id for n, r in {**runs, **sweep}.items()}}
+    out = {
+        "scenarios": scored,
+        "slo": slo.model_dump(),
+        "run_ids": {n: r.run_id for n, r in {**runs, **sweep}.items()},
+    }
     out["summary"] = summarize(scored, cfg, runs.get("controlled") or baseline, slo)
     return out
 
@@ -129,14 +132,17 @@ def derive_slo(chat_only: ScenarioRun, factor: float, window_s: float) -> SLO:
 
 def score(run: ScenarioRun, slo: SLO) -> dict:
     engine = run.engine_itl
-    verdicts = window_verdicts(run.chat, run.t0, run.t1, slo,
-                               engine_itl=(lambda a, b: engine.quantile_ms(a, b, 0.99))
-                               if engine is not None else None)
+    verdicts = window_verdicts(
+        run.chat,
+        run.t0,
+        run.t1,
+        slo,
+        engine_itl=(lambda a, b: engine.quantile_ms(a, b, 0.99)) if engine is not None else None,
+    )
     chat = chat_latency(run.chat, _engine_quantiles(run))
     chat["slo_windows_met"] = sum(verdicts) / len(verdicts)
     batch = batch_throughput(run.batch_rows, run.t0, run.t1, slo, verdicts)
-    return {"run_id": run.run_id, "chat": chat,
-            "batch": {**batch, "docs_done": run.docs_done}}
+    return {"run_id": run.run_id, "chat": chat, "batch": {**batch, "docs_done": run.docs_done}}
 
 
 def _engine_quantiles(run: ScenarioRun) -> dict[str, float | None] | None:
@@ -169,17 +175,25 @@ def _chat_only(cfg: BenchConfig, replicas, model, tokenizer) -> ScenarioRun:
         t0 = time.time()
         chat = ChatLoadThread(replicas, model, tokenizer, _chat_spec(cfg), run_id).start().join()
     _write_chat_only(cfg, run_id, chat)
-    return ScenarioRun("chat-only", run_id, t0, t0 + cfg.duration_s, chat.records, [],
-                       engine_itl=engine.series)
+    return ScenarioRun(
+        "chat-only", run_id, t0, t0 + cfg.duration_s, chat.records, [], engine_itl=engine.series
+    )
 
 
-def _with_batch(cfg: BenchConfig, name: str, replicas, model, tokenizer, slo: SLO, policy: str,
-                static_caps: tuple[int, int] = (1, 512)) -> ScenarioRun:
+def _with_batch(
+    cfg: BenchConfig,
+    name: str,
+    replicas,
+    model,
+    tokenizer,
+    slo: SLO,
+    policy: str,
+    static_caps: tuple[int, int] = (1, 512),
+) -> ScenarioRun:
     from warehouse.run_files import read_table, write_table
 
     run_id = f"{cfg.bench_id}-{name}"
-    chat = ChatLoadThread(replicas, model, tokenizer, _chat_spec(cfg), run_id,
-                          gate_run_id=run_id)
+    chat = ChatLoadThread(replicas, model, tokenizer, _chat_spec(cfg), run_id, gate_run_id=run_id)
     started: list[float] = []
 
     def start_chat() -> None:  # once documents are ready: batch and chat start together
@@ -187,24 +201,45 @@ def _with_batch(cfg: BenchConfig, name: str, replicas, model, tokenizer, slo: SL
         chat.start()
 
     with EngineItlRecorder(replicas) as engine:
-        job = run_job(JobSpec(
-            corpus=cfg.corpus, engine_config=cfg.engine_config, replicas=replicas, run_id=run_id,
-            results=cfg.results, pipeline=cfg.pipeline, slo=slo, policy=policy,
-            latency_model=cfg.latency_model, static_caps=static_caps, interval_s=cfg.control_interval_s,
-            sensor=_gate_sensor(slo), show_progress=False,
-            stop_after_s=cfg.duration_s, on_summarize_start=start_chat))
+        job = run_job(
+            JobSpec(
+                corpus=cfg.corpus,
+                engine_config=cfg.engine_config,
+                replicas=replicas,
+                run_id=run_id,
+                results=cfg.results,
+                pipeline=cfg.pipeline,
+                slo=slo,
+                policy=policy,
+                latency_model=cfg.latency_model,
+                static_caps=static_caps,
+                interval_s=cfg.control_interval_s,
+                sensor=_gate_sensor(slo),
+                show_progress=False,
+                stop_after_s=cfg.duration_s,
+                on_summarize_start=start_chat,
+            )
+        )
         if not started:
             raise RuntimeError(f"scenario {name}: no document to summarize in {cfg.corpus}")
         t0 = started[0]
         result = chat.join()
     run_dir = job.run_dir
-    write_table(run_dir, "requests", [r.row() for r in result.records], run_id=run_id,
-                part="chat")
-    write_table(run_dir, "token_gaps", [_gap_row(g) for g in result.gaps], run_id=run_id,
-                part="chat")
+    write_table(run_dir, "requests", [r.row() for r in result.records], run_id=run_id, part="chat")
+    write_table(
+        run_dir, "token_gaps", [_gap_row(g) for g in result.gaps], run_id=run_id, part="chat"
+    )
     batch_rows = [r for r in read_table(run_dir, "requests").to_pylist() if r["class"] == "batch"]
-    return ScenarioRun(name, run_id, t0, t0 + cfg.duration_s, result.records, batch_rows,
-                       job.docs_done, engine_itl=engine.series)
+    return ScenarioRun(
+        name,
+        run_id,
+        t0,
+        t0 + cfg.duration_s,
+        result.records,
+        batch_rows,
+        job.docs_done,
+        engine_itl=engine.series,
+    )
 
 
 def _gate_sensor(slo: SLO) -> dict:
@@ -228,8 +263,13 @@ def _write_chat_only(cfg: BenchConfig, run_id: str, chat) -> None:
     from warehouse.run_files import run_dir
 
     engine = load_engine_config(cfg.engine_config)
-    write_run(run_dir(cfg.results, run_id), chat, engine_config=engine.name,
-              hourly_usd=engine.hardware.hourly_usd, hardware_count=engine.hardware.count)
+    write_run(
+        run_dir(cfg.results, run_id),
+        chat,
+        engine_config=engine.name,
+        hourly_usd=engine.hardware.hourly_usd,
+        hardware_count=engine.hardware.count,
+    )
 
 
 def bench_paths(results: str | Path, bench_id: str) -> Path:

@@ -32,8 +32,9 @@ def quantiles_ms(values: Iterable[float]) -> dict[str, float | None]:
     return {f"p{q}": percentile(ordered, q) * 1000 for q in (50, 95, 99)}
 
 
-def chat_latency(chat: list[RequestRecord],
-                 engine_itl_ms: dict[str, float | None] | None = None) -> dict:
+def chat_latency(
+    chat: list[RequestRecord], engine_itl_ms: dict[str, float | None] | None = None
+) -> dict:
     """Chat latency figures. `itl_ms` is the engine's when `engine_itl_ms` is given, with the
     client's gaps kept beside it as `client_itl_ms`; `itl_source` says which is which."""
     ok = [r for r in chat if r.status == "ok"]
@@ -49,8 +50,9 @@ def chat_latency(chat: list[RequestRecord],
     }
 
 
-def window_verdicts(chat: list[RequestRecord], t0: float, t1: float, slo: SLO,
-                    engine_itl: WindowP99 | None = None) -> list[bool]:
+def window_verdicts(
+    chat: list[RequestRecord], t0: float, t1: float, slo: SLO, engine_itl: WindowP99 | None = None
+) -> list[bool]:
     """Per window of `slo.window_s` from t0: did chat hold its SLO? (No chat: held.) ITL from
     `engine_itl` when given, else from the streamed gaps."""
     n = max(1, math.ceil((t1 - t0) / slo.window_s - 1e-9))
@@ -87,8 +89,9 @@ def _holds(itl_p99_ms: float | None, ttfts: list[float], failed: bool, slo: SLO)
     return itl_ok and ttft_ok and not failed
 
 
-def batch_throughput(batch_rows: list[dict], t0: float, t1: float, slo: SLO,
-                     verdicts: list[bool]) -> dict:
+def batch_throughput(
+    batch_rows: list[dict], t0: float, t1: float, slo: SLO, verdicts: list[bool]
+) -> dict:
     """Batch tokens (prompt + output) of requests that ended ok inside [t0, t1), per second, in
     all windows and in windows where chat held its SLO."""
     total = good = 0
@@ -114,15 +117,22 @@ def chat_decode_load(chat: list[RequestRecord], t0: float, t1: float) -> tuple[f
     return seqs, (sum(contexts) / len(contexts) if contexts else 0.0)
 
 
-def bound_tokens_per_s(model: StepTimeModel, slo: SLO, decode_seqs: float, context: float,
-                       max_chunk: int, prefix_tokens: int = 0) -> float:
+def bound_tokens_per_s(
+    model: StepTimeModel,
+    slo: SLO,
+    decode_seqs: float,
+    context: float,
+    max_chunk: int,
+    prefix_tokens: int = 0,
+) -> float:
     """Batch prefill tokens per second that fit the ITL SLO beside the measured chat load: every
     step carries the largest batch chunk whose predicted step time stays within the SLO, back to
     back. An upper bound: it ignores chat prefills, which also need room in the steps."""
     seqs = max(1, round(decode_seqs))
     ctx = int(seqs * context)
-    chunk = largest_chunk_within(model, slo.chat_itl_p99_ms / 1000, prefix_tokens, seqs, ctx,
-                                 max_chunk)
+    chunk = largest_chunk_within(
+        model, slo.chat_itl_p99_ms / 1000, prefix_tokens, seqs, ctx, max_chunk
+    )
     if chunk <= 0:
         return 0.0
     step = model.step_seconds(StepBatch((PrefillChunk(chunk, prefix_tokens),), seqs, ctx))

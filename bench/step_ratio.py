@@ -17,8 +17,10 @@ import statistics
 
 from serving.client import StreamingClient
 
-WORDS = ("river market ledger contract night shift summary tenant clause engine token step "
-         "memory bakery harbor station freight archive report window latency").split()
+WORDS = (
+    "river market ledger contract night shift summary tenant clause engine token step "
+    "memory bakery harbor station freight archive report window latency"
+).split()
 
 
 def long_prompt(tokens_approx: int, seed: int) -> str:
@@ -29,31 +31,46 @@ def long_prompt(tokens_approx: int, seed: int) -> str:
 
 async def main_async(args: argparse.Namespace) -> None:
     async with StreamingClient(args.url, args.model) as client:
-        alone = await asyncio.gather(*(
-            client.complete(long_prompt(args.chat_context, i), max_tokens=150, ignore_eos=True)
-            for i in range(args.chat_streams)))
+        alone = await asyncio.gather(
+            *(
+                client.complete(long_prompt(args.chat_context, i), max_tokens=150, ignore_eos=True)
+                for i in range(args.chat_streams)
+            )
+        )
         decode_step = statistics.median(g.gap_s for g in alone[0].record.gaps)
-        chats = [asyncio.create_task(
-            client.complete(long_prompt(args.chat_context, i), max_tokens=args.chat_tokens,
-                            ignore_eos=True)) for i in range(args.chat_streams)]
+        chats = [
+            asyncio.create_task(
+                client.complete(
+                    long_prompt(args.chat_context, i), max_tokens=args.chat_tokens, ignore_eos=True
+                )
+            )
+            for i in range(args.chat_streams)
+        ]
         await asyncio.sleep(1.0)
-        batch = await client.complete(long_prompt(args.prompt_tokens, 1000), max_tokens=1,
-                                      cls="batch", stage="whole")
+        batch = await client.complete(
+            long_prompt(args.prompt_tokens, 1000), max_tokens=1, cls="batch", stage="whole"
+        )
         chat = (await asyncio.gather(*chats))[0]
     t0, t1 = batch.record.t_submit, batch.record.t_first_token or batch.record.t_end
     during = [g.gap_s for g in chat.record.gaps if t0 < g.t <= t1]
     n = len(during)
-    print(f"decode step, {args.chat_streams} chat streams of ~{args.chat_context} tokens "
-          f"(median gap): {decode_step * 1000:.1f} ms")
-    print(f"batch prompt: {batch.record.prompt_tokens} tokens prefilled in {n} steps "
-          f"({(t1 - t0):.2f} s)")
+    print(
+        f"decode step, {args.chat_streams} chat streams of ~{args.chat_context} tokens "
+        f"(median gap): {decode_step * 1000:.1f} ms"
+    )
+    print(
+        f"batch prompt: {batch.record.prompt_tokens} tokens prefilled in {n} steps "
+        f"({(t1 - t0):.2f} s)"
+    )
     if n < 4:
         print("too few steps observed; lengthen --chat-tokens")
         return
-    for label, part in (("first quarter", during[: n // 4]), ("last quarter", during[-n // 4:])):
+    for label, part in (("first quarter", during[: n // 4]), ("last quarter", during[-n // 4 :])):
         med = statistics.median(part)
-        print(f"{label:>13} of the prefill: step {med * 1000:.1f} ms = {med / decode_step:.1f} "
-              "decode steps")
+        print(
+            f"{label:>13} of the prefill: step {med * 1000:.1f} ms = {med / decode_step:.1f} "
+            "decode steps"
+        )
 
 
 def main() -> None:

@@ -9,13 +9,18 @@ from pathlib import Path
 
 import typer
 
-engine_app = typer.Typer(help="Start, inspect and stop vLLM replicas from engine configs.",
-                         no_args_is_help=True)
-model_app = typer.Typer(help="Build the local models the embedded default engines serve.",
-                        no_args_is_help=True)
+engine_app = typer.Typer(
+    help="Start, inspect and stop vLLM replicas from engine configs.", no_args_is_help=True
+)
+model_app = typer.Typer(
+    help="Build the local models the embedded default engines serve.", no_args_is_help=True
+)
 
-StateDir = typer.Option(Path("results/engines"), "--state-dir",
-                        help="Where replica logs and the list of running replicas live.")
+StateDir = typer.Option(
+    Path("results/engines"),
+    "--state-dir",
+    help="Where replica logs and the list of running replicas live.",
+)
 
 
 def register(app: typer.Typer) -> None:
@@ -40,12 +45,16 @@ def load_config_or_exit(path: Path):
 
 @engine_app.command("up")
 def up(
-    config_path: Path = typer.Argument(..., help="Engine config YAML, e.g. engine_configs/cpu-tiny.yaml"),
+    config_path: Path = typer.Argument(
+        ..., help="Engine config YAML, e.g. engine_configs/cpu-tiny.yaml"
+    ),
     port: int = typer.Option(8000, help="Port of the first replica; further replicas count up."),
     replicas: int = typer.Option(1, min=1, help="How many replicas to start."),
     host: str = typer.Option("127.0.0.1", help="Address to listen on."),
     timeout: float = typer.Option(300.0, help="Seconds to wait for /health."),
-    dry_run: bool = typer.Option(False, "--dry-run", help="Print the engine command line and exit."),
+    dry_run: bool = typer.Option(
+        False, "--dry-run", help="Print the engine command line and exit."
+    ),
     state_dir: Path = StateDir,
 ) -> None:
     """Start replicas and wait until every one answers /health."""
@@ -112,5 +121,12 @@ def build(
         python = engine_python()
     except SetupError as exc:
         raise fail(str(exc)) from None
-    cmd = [str(python), "-m", "serving.local_models", "build", *names, *(["--force"] if force else [])]
+    cmd = [
+        str(python),
+        "-m",
+        "serving.local_models",
+        "build",
+        *names,
+        *(["--force"] if force else []),
+    ]
     sys.exit(subprocess.call(cmd))

@@ -19,13 +19,15 @@ def run(
     corpus: Path = typer.Option(..., help="Corpus file: Parquet or JSONL with doc_id and text."),
     engine_config: Path = typer.Option(..., help="Engine config of the replicas."),
     replica_url: list[str] = typer.Option(
-        None, help="A running replica to use (repeatable); none: start replicas for the run."),
+        None, help="A running replica to use (repeatable); none: start replicas for the run."
+    ),
     replicas: int = typer.Option(1, min=1, help="Replicas to start when no URL is given."),
     run_id: str = typer.Option(None, help="Run id; the same id resumes an earlier run."),
     results: Path = typer.Option(Path("results"), help="Where run files and the DuckDB file go."),
     policy: str = typer.Option("slo", help="Admission policy: slo, static or none."),
     latency_model: Path = typer.Option(
-        None, help="Fitted latency model JSON (`nightshift calibrate`); needed by policy slo."),
+        None, help="Fitted latency model JSON (`nightshift calibrate`); needed by policy slo."
+    ),
     itl_slo_ms: float = typer.Option(None, help="Chat ITL p99 SLO in ms."),
     ttft_slo_ms: float = typer.Option(None, help="Chat TTFT p99 SLO in ms."),
     static_seats: int = typer.Option(4, help="Seats for policy static."),
@@ -39,24 +41,47 @@ def run(
 
     config = load_config_or_exit(engine_config)
     _check_inputs(corpus, config, replica_url or [], run_id, results, policy, latency_model)
-    slo = SLO(**{k: v for k, v in (("chat_itl_p99_ms", itl_slo_ms),
-                                  ("chat_ttft_p99_ms", ttft_slo_ms)) if v is not None})
+    slo = SLO(
+        **{
+            k: v
+            for k, v in (("chat_itl_p99_ms", itl_slo_ms), ("chat_ttft_p99_ms", ttft_slo_ms))
+            if v is not None
+        }
+    )
     out = nightly_summarization(
-        corpus=str(corpus), engine_config=str(engine_config), replica_urls=replica_url or None,
-        replicas=replicas, run_id=run_id, results=str(results), policy=policy,
-        latency_model=str(latency_model) if latency_model else None, slo=slo,
-        pipeline=default_pipeline(config), static_caps=(static_seats, static_chunk),
-        metrics_port=metrics_port, pushgateway=pushgateway)
+        corpus=str(corpus),
+        engine_config=str(engine_config),
+        replica_urls=replica_url or None,
+        replicas=replicas,
+        run_id=run_id,
+        results=str(results),
+        policy=policy,
+        latency_model=str(latency_model) if latency_model else None,
+        slo=slo,
+        pipeline=default_pipeline(config),
+        static_caps=(static_seats, static_chunk),
+        metrics_port=metrics_port,
+        pushgateway=pushgateway,
+    )
     job = out["job"]
-    typer.echo(f"run {out['run_id']}: {job['docs_done']} done, {job['docs_failed']} failed, "
-               f"{job['docs_skipped']} skipped, {job['docs_already_done']} already done; "
-               f"{job['batch_tokens']:,} batch tokens in {job['seconds']:.0f} s")
+    typer.echo(
+        f"run {out['run_id']}: {job['docs_done']} done, {job['docs_failed']} failed, "
+        f"{job['docs_skipped']} skipped, {job['docs_already_done']} already done; "
+        f"{job['batch_tokens']:,} batch tokens in {job['seconds']:.0f} s"
+    )
     typer.echo(f"report: {out['report']['html']}")
     typer.echo(out["run_id"])
 
 
-def _check_inputs(corpus: Path, config, urls: list[str], run_id: str | None, results: Path,
-                  policy: str, latency_model: Path | None) -> None:
+def _check_inputs(
+    corpus: Path,
+    config,
+    urls: list[str],
+    run_id: str | None,
+    results: Path,
+    policy: str,
+    latency_model: Path | None,
+) -> None:
     """Every input a run can get wrong, checked before any replica starts or document is read."""
     from flows.replicas import ReplicaUnreachable, check_replica
     from pipelines.corpus import CorpusError, read_corpus
@@ -65,8 +90,10 @@ def _check_inputs(corpus: Path, config, urls: list[str], run_id: str | None, res
     if policy not in ("slo", "static", "none"):
         raise fail(f"unknown --policy {policy!r}; use slo, static or none")
     if policy == "slo" and latency_model is None:
-        raise fail("--policy slo needs --latency-model FIT.json: fit one with "
-                   "`nightshift calibrate --engine-config CONFIG --out FIT.json`")
+        raise fail(
+            "--policy slo needs --latency-model FIT.json: fit one with "
+            "`nightshift calibrate --engine-config CONFIG --out FIT.json`"
+        )
     if latency_model is not None and not latency_model.is_file():
         raise fail(f"--latency-model {latency_model}: no such file")
     try:
@@ -83,7 +110,8 @@ def schedule(
     cron: str = typer.Option("0 1 * * *", help="When to run, as a cron expression."),
     name: str = typer.Option("nightly", help="Deployment name."),
     parameters: Path = typer.Option(
-        ..., help="JSON file with the flow's parameters (corpus, engine_config, ...)."),
+        ..., help="JSON file with the flow's parameters (corpus, engine_config, ...)."
+    ),
 ) -> None:
     """Serve the nightly deployment: Prefect runs the flow on `cron` until stopped."""
     from flows.nightly import nightly_summarization

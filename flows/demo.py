@@ -48,27 +48,48 @@ def main() -> int:
         # 50 ms ITL p99); measured now, because a shared CPU's speed varies from run to run. ITL
         # no tighter than two full engine steps (bench.verdicts.itl_floor_ms says why).
         print(f"chat alone for {BASELINE_S:.0f} s, to set this machine's SLO ...", flush=True)
-        alone = ChatLoadThread(replicas, config.model.served_name, tokenizer, ChatLoadSpec(
-            shape=shape, rate=CHAT_RATE, duration_s=BASELINE_S, seed=1), f"{run_id}-alone")
+        alone = ChatLoadThread(
+            replicas,
+            config.model.served_name,
+            tokenizer,
+            ChatLoadSpec(shape=shape, rate=CHAT_RATE, duration_s=BASELINE_S, seed=1),
+            f"{run_id}-alone",
+        )
         baseline = chat_latency(alone.start().join().records)
         slo = slo_from_chat_only(baseline, factor=3.0, window_s=15.0)
         floor = itl_floor_ms(LatencyModel.from_json(FIT), engine_step_tokens(config.vllm) or 512)
         if slo.chat_itl_p99_ms < floor:
-            print(f"3x chat alone is an ITL p99 of {slo.chat_itl_p99_ms:.0f} ms, under two full "
-                  f"engine steps; the SLO takes those instead", flush=True)
+            print(
+                f"3x chat alone is an ITL p99 of {slo.chat_itl_p99_ms:.0f} ms, under two full "
+                f"engine steps; the SLO takes those instead",
+                flush=True,
+            )
             slo = slo.model_copy(update={"chat_itl_p99_ms": floor})
-        print(f"SLO: chat ITL p99 <= {slo.chat_itl_p99_ms:.0f} ms, TTFT p99 <= "
-              f"{slo.chat_ttft_p99_ms:.0f} ms", flush=True)
+        print(
+            f"SLO: chat ITL p99 <= {slo.chat_itl_p99_ms:.0f} ms, TTFT p99 <= "
+            f"{slo.chat_ttft_p99_ms:.0f} ms",
+            flush=True,
+        )
         chat = ChatLoadThread(
-            replicas, config.model.served_name, tokenizer,
-            ChatLoadSpec(shape=shape, rate=CHAT_RATE, duration_s=3600), run_id,
-            gate_run_id=run_id).start()
+            replicas,
+            config.model.served_name,
+            tokenizer,
+            ChatLoadSpec(shape=shape, rate=CHAT_RATE, duration_s=3600),
+            run_id,
+            gate_run_id=run_id,
+        ).start()
         try:
             out = nightly_summarization(
-                corpus=str(corpus), engine_config=str(CONFIG),
-                replica_urls=[url for _, url in replicas], run_id=run_id, results=str(RESULTS),
-                policy="slo", latency_model=str(FIT), slo=slo,
-                pipeline=default_pipeline(config))
+                corpus=str(corpus),
+                engine_config=str(CONFIG),
+                replica_urls=[url for _, url in replicas],
+                run_id=run_id,
+                results=str(RESULTS),
+                policy="slo",
+                latency_model=str(FIT),
+                slo=slo,
+                pipeline=default_pipeline(config),
+            )
         finally:
             chat_result = chat.stop()
     add_chat_and_reload(run_id, chat_result)
@@ -83,11 +104,14 @@ def add_chat_and_reload(run_id: str, chat) -> None:
     from warehouse.run_files import run_dir, write_table
 
     directory = run_dir(RESULTS, run_id)
-    write_table(directory, "requests", [r.row() for r in chat.records], run_id=run_id,
-                part="chat")
-    write_table(directory, "token_gaps",
-                [{"request_id": g.request_id, "idx": g.idx, "gap_s": g.gap_s, "t": g.t}
-                 for g in chat.gaps], run_id=run_id, part="chat")
+    write_table(directory, "requests", [r.row() for r in chat.records], run_id=run_id, part="chat")
+    write_table(
+        directory,
+        "token_gaps",
+        [{"request_id": g.request_id, "idx": g.idx, "gap_s": g.gap_s, "t": g.t} for g in chat.gaps],
+        run_id=run_id,
+        part="chat",
+    )
     load_results(RESULTS, [run_id])
     write_report(RESULTS, run_id)
 
@@ -102,43 +126,74 @@ def print_morning_report(run_id: str, out: dict, slo) -> None:
     db = db_path(RESULTS)
     con = connect(db, read_only=True)
     try:
-        latency = con.execute("SELECT * FROM class_latency WHERE run_id = ? ORDER BY class",
-                              [run_id]).fetch_df().to_dict("records")
-        goodput = con.execute("SELECT * FROM batch_goodput WHERE run_id = ?",
-                              [run_id]).fetch_df().to_dict("records")[0]
-        cost = con.execute("SELECT * FROM cost WHERE run_id = ?",
-                           [run_id]).fetch_df().to_dict("records")[0]
+        latency = (
+            con.execute("SELECT * FROM class_latency WHERE run_id = ? ORDER BY class", [run_id])
+            .fetch_df()
+            .to_dict("records")
+        )
+        goodput = (
+            con.execute("SELECT * FROM batch_goodput WHERE run_id = ?", [run_id])
+            .fetch_df()
+            .to_dict("records")[0]
+        )
+        cost = (
+            con.execute("SELECT * FROM cost WHERE run_id = ?", [run_id])
+            .fetch_df()
+            .to_dict("records")[0]
+        )
     finally:
         con.close()
     console = Console(width=150)
     table = Table(title=f"run {run_id}: latency (ms)")
-    for col in ("class", "requests", "TTFT p50", "p95", "p99", "ITL p50", "p95", "p99",
-                "E2E p50", "p95", "p99"):
+    for col in (
+        "class",
+        "requests",
+        "TTFT p50",
+        "p95",
+        "p99",
+        "ITL p50",
+        "p95",
+        "p99",
+        "E2E p50",
+        "p95",
+        "p99",
+    ):
         table.add_column(col, justify="right")
     for row in latency:
-        table.add_row(row["class"], str(row["requests"]), *(
-            f"{row[f'{m}_p{q}_ms']:.1f}" if row[f"{m}_p{q}_ms"] is not None else "–"
-            for m in ("ttft", "itl", "e2e") for q in (50, 95, 99)))
+        table.add_row(
+            row["class"],
+            str(row["requests"]),
+            *(
+                f"{row[f'{m}_p{q}_ms']:.1f}" if row[f"{m}_p{q}_ms"] is not None else "–"
+                for m in ("ttft", "itl", "e2e")
+                for q in (50, 95, 99)
+            ),
+        )
     console.print(table)
     console.print(
         f"SLO: chat ITL p99 ≤ {slo.chat_itl_p99_ms:.0f} ms, TTFT p99 ≤ "
         f"{slo.chat_ttft_p99_ms:.0f} ms per {slo.window_s:.0f} s window: held in "
-        f"{goodput['windows_met']} of {goodput['windows']} windows")
+        f"{goodput['windows_met']} of {goodput['windows']} windows"
+    )
     job = out["job"]
     console.print(
         f"batch: {job['docs_done']} documents done, {job['docs_failed']} failed; "
         f"{goodput['batch_tokens_per_s']:,.0f} tokens/s, goodput "
         f"{goodput['goodput_tokens_per_s']:,.0f} tokens/s, "
-        f"{goodput['documents_per_hour']:,.0f} documents/hour")
-    console.print(f"cost: ${cost['cost_usd']:.4f} for the run, "
-                  f"${cost['usd_per_1m_batch_tokens']:.3f} per 1M batch tokens, "
-                  f"${cost['usd_per_document']:.5f} per document")
+        f"{goodput['documents_per_hour']:,.0f} documents/hour"
+    )
+    console.print(
+        f"cost: ${cost['cost_usd']:.4f} for the run, "
+        f"${cost['usd_per_1m_batch_tokens']:.3f} per 1M batch tokens, "
+        f"${cost['usd_per_document']:.5f} per document"
+    )
     console.print(
         f"\nDuckDB: {db}\n"
-        f"  .venv/bin/nightshift sql \"SELECT class, ttft_p99_ms, itl_p99_ms FROM class_latency "
+        f'  .venv/bin/nightshift sql "SELECT class, ttft_p99_ms, itl_p99_ms FROM class_latency '
         f"WHERE run_id = '{run_id}'\"\n"
-        f"  .venv/bin/nightshift sql \"SELECT window_idx, class, itl_p99_ms, slo_met FROM "
-        f"slo_windows WHERE run_id = '{run_id}' ORDER BY window_idx\"")
+        f'  .venv/bin/nightshift sql "SELECT window_idx, class, itl_p99_ms, slo_met FROM '
+        f"slo_windows WHERE run_id = '{run_id}' ORDER BY window_idx\""
+    )
     console.print(f"report: {out['report']['html']}")
 
 

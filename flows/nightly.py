@@ -33,9 +33,15 @@ def plan_caps(latency_model: str | None, slo: SLO, max_model_len: int) -> list[d
     model = LatencyModel.from_json(latency_model)
     budget = slo.chat_itl_p99_ms / 1000
     points = sorted({0, max_model_len // 4, max_model_len // 2, max_model_len * 3 // 4})
-    return [{"prefix_tokens": p, "chunk_tokens": largest_chunk_within(
-        model, budget, p, decode_seqs=1, decode_context_tokens=1024, max_chunk=max_model_len)}
-        for p in points]
+    return [
+        {
+            "prefix_tokens": p,
+            "chunk_tokens": largest_chunk_within(
+                model, budget, p, decode_seqs=1, decode_context_tokens=1024, max_chunk=max_model_len
+            ),
+        }
+        for p in points
+    ]
 
 
 @task(retries=1, retry_delay_seconds=10)
@@ -57,15 +63,21 @@ def publish_report(results: str, run_id: str, out: str | None = None) -> dict:
     from warehouse.queries import rows
 
     files = write_report(results, run_id, out)
-    create_markdown_artifact(key=_key(run_id, "report"), markdown=files.markdown.read_text(),
-                             description=f"nightshift run {run_id}")
+    create_markdown_artifact(
+        key=_key(run_id, "report"),
+        markdown=files.markdown.read_text(),
+        description=f"nightshift run {run_id}",
+    )
     con = connect(db_path(results), read_only=True)
     try:
         latency = rows(con, "report_latency", run_id=run_id)
     finally:
         con.close()
-    create_table_artifact(key=_key(run_id, "latency"), table=latency,
-                          description="p50/p95/p99 of TTFT, ITL and E2E per class")
+    create_table_artifact(
+        key=_key(run_id, "latency"),
+        table=latency,
+        description="p50/p95/p99 of TTFT, ITL and E2E per class",
+    )
     return {"markdown": str(files.markdown), "html": str(files.html)}
 
 
@@ -98,20 +110,41 @@ def nightly_summarization(
     run_id = run_id or time.strftime("run-%Y%m%d-%H%M%S")
     slo = slo or SLO()
     pipeline = pipeline or default_pipeline(config)
-    with replicas_for_run(config, engine_config, replica_urls or [], replicas,
-                          state_dir=str(Path(results) / "engines")) as live:
+    with replicas_for_run(
+        config,
+        engine_config,
+        replica_urls or [],
+        replicas,
+        state_dir=str(Path(results) / "engines"),
+    ) as live:
         log.info("run %s on %s", run_id, ", ".join(url for _, url in live))
         preview = plan_caps(latency_model, slo, pipeline.max_model_len)
         log.info("chunk caps by prefix position with no chat load: %s", preview)
-        job = run_pipeline(JobSpec(
-            corpus=corpus, engine_config=engine_config, replicas=live, run_id=run_id,
-            results=results, pipeline=pipeline, slo=slo, policy=policy,
-            latency_model=latency_model, static_caps=static_caps, metrics_port=metrics_port,
-            pushgateway=pushgateway, show_progress=show_progress))
+        job = run_pipeline(
+            JobSpec(
+                corpus=corpus,
+                engine_config=engine_config,
+                replicas=live,
+                run_id=run_id,
+                results=results,
+                pipeline=pipeline,
+                slo=slo,
+                policy=policy,
+                latency_model=latency_model,
+                static_caps=static_caps,
+                metrics_port=metrics_port,
+                pushgateway=pushgateway,
+                show_progress=show_progress,
+            )
+        )
     loaded = load_warehouse(results, run_id)
     report = publish_report(results, run_id)
-    return {"run_id": run_id, "job": asdict(job) | {"run_dir": str(job.run_dir)},
-            "loaded": loaded, "report": report}
+    return {
+        "run_id": run_id,
+        "job": asdict(job) | {"run_dir": str(job.run_dir)},
+        "loaded": loaded,
+        "report": report,
+    }
 
 
 def default_pipeline(config) -> PipelineConfig:

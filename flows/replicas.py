@@ -32,7 +32,8 @@ def check_replica(url: str, served_model: str, timeout_s: float = 5.0) -> str:
     if served_model not in served:
         raise ReplicaUnreachable(
             f"replica {url} serves {served}, not {served_model!r}: is it the engine config's "
-            "model? pass the matching --engine-config")
+            "model? pass the matching --engine-config"
+        )
     parsed = urlparse(base)
     return f"{parsed.hostname}:{parsed.port}"
 
@@ -50,9 +51,14 @@ def free_port(start: int = 8000) -> int:
 
 
 @contextlib.contextmanager
-def replicas_for_run(config: EngineConfig, config_path: str, urls: list[str], count: int = 1,
-                     port: int | None = None, state_dir: str = "results/engines",
-                     ) -> Iterator[list[tuple[str, str]]]:
+def replicas_for_run(
+    config: EngineConfig,
+    config_path: str,
+    urls: list[str],
+    count: int = 1,
+    port: int | None = None,
+    state_dir: str = "results/engines",
+) -> Iterator[list[tuple[str, str]]]:
     """(name, url) pairs: the given URLs after checking them, or `count` replicas started from
     the config for the duration of the block and stopped on any exit."""
     if urls:

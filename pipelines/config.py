@@ -16,23 +16,33 @@ class PipelineConfig(BaseModel):
         "auto",
         description="`auto`: send a document whole when it fits the current chunk cap, else in "
         "sections; `whole`: whole whenever it fits the replica's context; `map_reduce`: always "
-        "in sections.")
+        "in sections.",
+    )
     overlap_tokens: int = Field(64, ge=0, description="Tokens consecutive sections share.")
     min_section_tokens: int = Field(
-        256, ge=1, description="Smallest section sent, even under a lower cap: below it the "
-        "fixed cost per request dominates and a long document would take thousands of requests.")
+        256,
+        ge=1,
+        description="Smallest section sent, even under a lower cap: below it the "
+        "fixed cost per request dominates and a long document would take thousands of requests.",
+    )
     section_summary_tokens: int = Field(96, ge=1, description="Output tokens per section summary.")
     final_summary_tokens: int = Field(192, ge=1, description="Output tokens of a document summary.")
     max_doc_tokens: int = Field(100_000, ge=1, description="Longer documents are failed, not cut.")
     max_model_len: int = Field(32_768, ge=256, description="The replica's context length.")
     ignore_eos: bool = Field(
-        False, description="Generate exactly the requested tokens (the local random-weight models "
-        "would otherwise stop at random).")
+        False,
+        description="Generate exactly the requested tokens (the local random-weight models "
+        "would otherwise stop at random).",
+    )
     attempts_per_request: int = Field(
-        3, ge=1, description="Replicas a request may try when one dies under it.")
+        3, ge=1, description="Replicas a request may try when one dies under it."
+    )
     actors: int = Field(2, ge=1, description="Ray Data summarizer actors.")
     docs_per_actor: int = Field(
-        4, ge=1, description="Documents each actor works on at once (Ray Data's async UDF "
-        "concurrency).")
+        4,
+        ge=1,
+        description="Documents each actor works on at once (Ray Data's async UDF concurrency).",
+    )
     acquire_timeout_s: float = Field(
-        3600.0, gt=0, description="Longest wait for a batch seat before a section fails.")
+        3600.0, gt=0, description="Longest wait for a batch seat before a section fails."
+    )

@@ -38,15 +38,23 @@ class HttpClientPool:
         self.run_id = run_id
         self.config = config or ClientConfig()
         self._http = httpx.AsyncClient(
-            timeout=httpx.Timeout(self.config.read_timeout_s, connect=self.config.connect_timeout_s),
-            limits=httpx.Limits(max_connections=None, max_keepalive_connections=64))
+            timeout=httpx.Timeout(
+                self.config.read_timeout_s, connect=self.config.connect_timeout_s
+            ),
+            limits=httpx.Limits(max_connections=None, max_keepalive_connections=64),
+        )
         self._clients: dict[str, StreamingClient] = {}
 
     def client(self, base_url: str, replica: str) -> StreamingClient:
         if base_url not in self._clients:
             self._clients[base_url] = StreamingClient(
-                base_url, self.model, run_id=self.run_id, replica=replica, config=self.config,
-                http=self._http)
+                base_url,
+                self.model,
+                run_id=self.run_id,
+                replica=replica,
+                config=self.config,
+                http=self._http,
+            )
         return self._clients[base_url]
 
     async def aclose(self) -> None:

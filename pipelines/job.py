@@ -86,14 +86,22 @@ def run_job(spec: JobSpec) -> JobResult:
     engine = load_engine_config(spec.engine_config)
     corpus = read_corpus(spec.corpus)  # a bad corpus fails here, before any work
     store = RunStore(spec.results, spec.run_id)
-    meta = store.begin(RunMeta(
-        run_id=spec.run_id, engine_config=engine.name, policy=spec.policy,
-        hardware_count=engine.hardware.count, replicas=len(spec.replicas),
-        hourly_usd=engine.hardware.hourly_usd, slo=spec.slo.model_dump(),
-        corpus_path=str(spec.corpus)))
+    meta = store.begin(
+        RunMeta(
+            run_id=spec.run_id,
+            engine_config=engine.name,
+            policy=spec.policy,
+            hardware_count=engine.hardware.count,
+            replicas=len(spec.replicas),
+            hourly_usd=engine.hardware.hourly_usd,
+            slo=spec.slo.model_dump(),
+            corpus_path=str(spec.corpus),
+        )
+    )
     already = store.finished_doc_ids()
-    todo = corpus.filter(pc.invert(pc.is_in(corpus.column("doc_id"), pa.array(sorted(already),
-                                                                               pa.string()))))
+    todo = corpus.filter(
+        pc.invert(pc.is_in(corpus.column("doc_id"), pa.array(sorted(already), pa.string())))
+    )
     t0 = time.time()
     metrics = RunMetrics(spec.run_id)
     if spec.metrics_port is not None:
@@ -119,11 +127,17 @@ def run_job(spec: JobSpec) -> JobResult:
     if spec.pushgateway:
         metrics.push(spec.pushgateway)
     return JobResult(
-        run_id=spec.run_id, run_dir=store.dir, docs_total=corpus.num_rows,
-        docs_done=totals["done"], docs_failed=totals["failed"] + sum(
-            p["status"] == "failed" for p in problems),
+        run_id=spec.run_id,
+        run_dir=store.dir,
+        docs_total=corpus.num_rows,
+        docs_done=totals["done"],
+        docs_failed=totals["failed"] + sum(p["status"] == "failed" for p in problems),
         docs_skipped=sum(p["status"] == "skipped" for p in problems),
-        docs_already_done=len(already), docs_stopped=totals["stopped"], batch_tokens=totals["tokens"], seconds=time.time() - t0)
+        docs_already_done=len(already),
+        docs_stopped=totals["stopped"],
+        batch_tokens=totals["tokens"],
+        seconds=time.time() - t0,
+    )
 
 
 def _stop_later(gate, after_s: float | None):
@@ -133,7 +147,8 @@ def _stop_later(gate, after_s: float | None):
     import threading
 
     timer = threading.Timer(
-        after_s, lambda: gate.stop.remote(f"deadline of {after_s:.0f} s", abort=True))
+        after_s, lambda: gate.stop.remote(f"deadline of {after_s:.0f} s", abort=True)
+    )
     timer.daemon = True
     timer.start()
     return timer
@@ -144,8 +159,12 @@ def _init_ray():
     from ray.data import DataContext
 
     if not ray.is_initialized():
-        ray.init(address=os.environ.get("RAY_ADDRESS"), include_dashboard=False,
-                 log_to_driver=False, logging_level=logging.WARNING)
+        ray.init(
+            address=os.environ.get("RAY_ADDRESS"),
+            include_dashboard=False,
+            log_to_driver=False,
+            logging_level=logging.WARNING,
+        )
     logging.getLogger("ray.data").setLevel(logging.WARNING)
     ctx = DataContext.get_current()
     ctx.enable_progress_bars = False  # the run draws its own progress
@@ -158,10 +177,18 @@ def _start_gate(spec: JobSpec, engine: EngineConfig):
 
     sensor = spec.sensor or {"kind": "vllm", "window_s": spec.slo.window_s}
     return start_gate(
-        spec.run_id, spec.replicas, policy=spec.policy, slo=spec.slo,
-        latency_model=spec.latency_model, static_caps=spec.static_caps, sensor=sensor,
-        interval_s=spec.interval_s, metrics_port=spec.gate_metrics_port,
-        controller=spec.controller or engine.controller, engine_flags=engine.vllm)
+        spec.run_id,
+        spec.replicas,
+        policy=spec.policy,
+        slo=spec.slo,
+        latency_model=spec.latency_model,
+        static_caps=spec.static_caps,
+        sensor=sensor,
+        interval_s=spec.interval_s,
+        metrics_port=spec.gate_metrics_port,
+        controller=spec.controller or engine.controller,
+        engine_flags=engine.vllm,
+    )
 
 
 def _stop_gate(ray, gate) -> None:
@@ -178,26 +205,46 @@ def _tokenize_and_judge(ray, corpus: pa.Table, spec: JobSpec):
     from pipelines.workers import Tokenize
 
     indexed = corpus.append_column("row", pa.array(range(corpus.num_rows), pa.int64()))
-    tokenized = ray.data.from_arrow(indexed).map_batches(
-        Tokenize, fn_constructor_kwargs={"engine_config": spec.engine_config},
-        batch_size=16, batch_format="pyarrow", compute=ray.data.ActorPoolStrategy(size=1),
-        num_cpus=0.5,
-    ).materialize()
+    tokenized = (
+        ray.data.from_arrow(indexed)
+        .map_batches(
+            Tokenize,
+            fn_constructor_kwargs={"engine_config": spec.engine_config},
+            batch_size=16,
+            batch_format="pyarrow",
+            compute=ray.data.ActorPoolStrategy(size=1),
+            num_cpus=0.5,
+        )
+        .materialize()
+    )
     counted = tokenized.select_columns(["row", "n_tokens"]).to_arrow_refs()
     counts: dict[int, int] = {}
     for ref in counted:
         block = ray.get(ref)
-        counts.update(zip(block.column("row").to_pylist(), block.column("n_tokens").to_pylist(),
-                          strict=True))
-    verdicts = classify(corpus, spec.pipeline.max_doc_tokens,
-                        [counts.get(i) for i in range(corpus.num_rows)])
+        counts.update(
+            zip(block.column("row").to_pylist(), block.column("n_tokens").to_pylist(), strict=True)
+        )
+    verdicts = classify(
+        corpus, spec.pipeline.max_doc_tokens, [counts.get(i) for i in range(corpus.num_rows)]
+    )
     ids = corpus.column("doc_id").to_pylist()
-    problems = [{"doc_id": ids[i], "status": v.status, "reason": v.reason,
-                 "prompt_tokens": counts.get(i), "sections": 0, "summary_tokens": 0,
-                 "t_done": time.time()} for i, v in enumerate(verdicts) if v is not None]
+    problems = [
+        {
+            "doc_id": ids[i],
+            "status": v.status,
+            "reason": v.reason,
+            "prompt_tokens": counts.get(i),
+            "sections": 0,
+            "summary_tokens": 0,
+            "t_done": time.time(),
+        }
+        for i, v in enumerate(verdicts)
+        if v is not None
+    ]
     keep = pa.array([i for i, v in enumerate(verdicts) if v is None], pa.int64())
-    accepted = tokenized.map_batches(lambda t: t.filter(pc.is_in(t.column("row"), keep)),
-                                     batch_format="pyarrow", batch_size=None)
+    accepted = tokenized.map_batches(
+        lambda t: t.filter(pc.is_in(t.column("row"), keep)), batch_format="pyarrow", batch_size=None
+    )
     return accepted, problems
 
 
@@ -216,11 +263,17 @@ def _summarize(ray, tokenized, spec: JobSpec, store: RunStore, gate, metrics: Ru
     # the actor's event loop: most of a document's time is spent waiting for a seat or a stream.
     outcomes = docs.repartition(max(1, total)).map_batches(
         Summarize,
-        fn_constructor_kwargs={"run_id": spec.run_id, "engine_config": spec.engine_config,
-                               "config": cfg.model_dump()},
-        batch_size=1, num_cpus=0.25,
+        fn_constructor_kwargs={
+            "run_id": spec.run_id,
+            "engine_config": spec.engine_config,
+            "config": cfg.model_dump(),
+        },
+        batch_size=1,
+        num_cpus=0.25,
         compute=ray.data.ActorPoolStrategy(
-            size=cfg.actors, max_concurrent_calls_per_actor=cfg.docs_per_actor))
+            size=cfg.actors, max_concurrent_calls_per_actor=cfg.docs_per_actor
+        ),
+    )
     with RunProgress(total, enabled=spec.show_progress) as progress:
         for batch in outcomes.iter_batches(batch_size=None, batch_format="pyarrow"):
             rows = batch.to_pylist()

@@ -52,10 +52,16 @@ class RunProgress:
     def __init__(self, total_docs: int, enabled: bool = True) -> None:
         self.stats = Throughput(total_docs, time.time())
         self._progress = Progress(
-            TextColumn("[bold]documents"), BarColumn(), MofNCompleteColumn(),
-            TextColumn("{task.fields[rate]}"), TextColumn("caps {task.fields[caps]}"),
-            TextColumn("ETA {task.fields[eta]}"), TimeElapsedColumn(),
-            disable=not enabled, transient=False)
+            TextColumn("[bold]documents"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("{task.fields[rate]}"),
+            TextColumn("caps {task.fields[caps]}"),
+            TextColumn("ETA {task.fields[eta]}"),
+            TimeElapsedColumn(),
+            disable=not enabled,
+            transient=False,
+        )
         self._task = self._progress.add_task("run", total=total_docs, rate="", caps="-", eta="-")
 
     def __enter__(self) -> RunProgress:
@@ -69,8 +75,10 @@ class RunProgress:
         now = time.time()
         self.stats.add(batch_tokens, now)
         eta = self.stats.eta_s(now)
-        fields = {"rate": f"{self.stats.tokens_per_s(now):,.0f} tok/s",
-                  "eta": "-" if eta is None else f"{eta / 60:.1f} min"}
+        fields = {
+            "rate": f"{self.stats.tokens_per_s(now):,.0f} tok/s",
+            "eta": "-" if eta is None else f"{eta / 60:.1f} min",
+        }
         if caps is not None:
             fields["caps"] = describe_caps(caps)
         self._progress.update(self._task, advance=1, **fields)

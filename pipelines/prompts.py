@@ -74,5 +74,10 @@ class PromptKit:
         return [*self.instruction, *self.reduce_head, *body, *self.reduce_tail]
 
     def reduce_size(self, summaries: list[list[int]]) -> int:
-        return (len(self.instruction) + len(self.reduce_head) + len(self.reduce_tail)
-                + sum(len(s) for s in summaries) + len(self.separator) * max(0, len(summaries) - 1))
+        return (
+            len(self.instruction)
+            + len(self.reduce_head)
+            + len(self.reduce_tail)
+            + sum(len(s) for s in summaries)
+            + len(self.separator) * max(0, len(summaries) - 1)
+        )

@@ -19,10 +19,49 @@ from prometheus_client import (
 from scheduler.records import RequestRecord
 
 # Fine around chat SLOs both on this CPU (milliseconds) and on GPUs (tens of ms, ~1 s TTFT).
-ITL_BUCKETS = (0.002, 0.004, 0.006, 0.008, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05, 0.06,
-               0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 1.0, 2.5, 5.0)
-TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0, 30.0,
-                60.0, 120.0, 300.0)
+ITL_BUCKETS = (
+    0.002,
+    0.004,
+    0.006,
+    0.008,
+    0.01,
+    0.015,
+    0.02,
+    0.025,
+    0.03,
+    0.04,
+    0.05,
+    0.06,
+    0.075,
+    0.1,
+    0.15,
+    0.2,
+    0.3,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+)
+TTFT_BUCKETS = (
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.2,
+    0.3,
+    0.5,
+    0.75,
+    1.0,
+    1.5,
+    2.0,
+    3.0,
+    5.0,
+    10.0,
+    30.0,
+    60.0,
+    120.0,
+    300.0,
+)
 
 
 class RunMetrics:
@@ -31,16 +70,32 @@ class RunMetrics:
     def __init__(self, run_id: str) -> None:
         self.run_id = run_id
         self.registry = CollectorRegistry()
-        self.ttft = Histogram("nightshift_request_ttft_seconds", "Time to first token.",
-                              ["class"], buckets=TTFT_BUCKETS, registry=self.registry)
-        self.itl = Histogram("nightshift_request_itl_seconds", "Gap between streamed tokens.",
-                             ["class"], buckets=ITL_BUCKETS, registry=self.registry)
-        self.docs = Counter("nightshift_batch_documents", "Documents finished, by status.",
-                            ["status"], registry=self.registry)
-        self.tokens = Counter("nightshift_batch_tokens", "Batch prompt plus output tokens.",
-                              registry=self.registry)
-        self.remaining = Gauge("nightshift_batch_documents_remaining", "Documents still to do.",
-                               registry=self.registry)
+        self.ttft = Histogram(
+            "nightshift_request_ttft_seconds",
+            "Time to first token.",
+            ["class"],
+            buckets=TTFT_BUCKETS,
+            registry=self.registry,
+        )
+        self.itl = Histogram(
+            "nightshift_request_itl_seconds",
+            "Gap between streamed tokens.",
+            ["class"],
+            buckets=ITL_BUCKETS,
+            registry=self.registry,
+        )
+        self.docs = Counter(
+            "nightshift_batch_documents",
+            "Documents finished, by status.",
+            ["status"],
+            registry=self.registry,
+        )
+        self.tokens = Counter(
+            "nightshift_batch_tokens", "Batch prompt plus output tokens.", registry=self.registry
+        )
+        self.remaining = Gauge(
+            "nightshift_batch_documents_remaining", "Documents still to do.", registry=self.registry
+        )
         self.port: int | None = None
 
     def serve(self, port: int) -> int:
@@ -65,5 +120,6 @@ class RunMetrics:
         self.remaining.dec()
 
     def push(self, gateway: str) -> None:
-        push_to_gateway(gateway, job="nightshift", registry=self.registry,
-                        grouping_key={"run_id": self.run_id})
+        push_to_gateway(
+            gateway, job="nightshift", registry=self.registry, grouping_key={"run_id": self.run_id}
+        )

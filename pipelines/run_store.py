@@ -50,7 +50,8 @@ class RunStore:
                 raise RunMismatch(
                     f"run {self.run_id} already exists with a different corpus "
                     f"({old.corpus_path}, fingerprint {old.corpus_fingerprint[:12]}); "
-                    "use a new --run-id, or the same corpus to resume it")
+                    "use a new --run-id, or the same corpus to resume it"
+                )
             meta.started = old.started
         meta.started = meta.started or time.time()
         self.dir.mkdir(parents=True, exist_ok=True)
@@ -74,15 +75,39 @@ class RunStore:
             return
         finished = [r for r in rows if r["status"] != "stopped"]  # stopped: left for a rerun
         if finished:
-            self._part("documents", [
-            {k: r[k] for k in ("doc_id", "status", "reason", "prompt_tokens", "sections",
-                                   "summary_tokens", "t_done")} for r in finished])
+            self._part(
+                "documents",
+                [
+                    {
+                        k: r[k]
+                        for k in (
+                            "doc_id",
+                            "status",
+                            "reason",
+                            "prompt_tokens",
+                            "sections",
+                            "summary_tokens",
+                            "t_done",
+                        )
+                    }
+                    for r in finished
+                ],
+            )
         done = [r for r in rows if r["status"] == "done"]
         if done:
-            self._part("summaries", [
-                {"doc_id": r["doc_id"], "summary": r["summary"],
-                 "summary_tokens": r["summary_tokens"], "sections": r["sections"],
-                 "replicas": json.loads(r["replicas"])} for r in done])
+            self._part(
+                "summaries",
+                [
+                    {
+                        "doc_id": r["doc_id"],
+                        "summary": r["summary"],
+                        "summary_tokens": r["summary_tokens"],
+                        "sections": r["sections"],
+                        "replicas": json.loads(r["replicas"]),
+                    }
+                    for r in done
+                ],
+            )
         requests = [q for r in rows for q in json.loads(r["requests"])]
         gaps = [g for r in rows for g in json.loads(r["gaps"])]
         if requests:
@@ -143,7 +168,5 @@ def check_resumable(results: str | Path, run_id: str, corpus_path: str) -> None:
     if old.corpus_fingerprint != corpus_fingerprint(corpus_path):
         raise RunMismatch(
             f"run {run_id} already exists with a different corpus ({old.corpus_path}); "
-            "use a new --run-id, or the same corpus to resume it")
-
-
-
+            "use a new --run-id, or the same corpus to resume it"
+        )

@@ -102,8 +102,12 @@ class DocumentJob:
         while start < n:
             hint = min(n - start, cap) + self.kit.overhead
             permit, done = await self._send(
-                doc_id, hint, cfg.section_summary_tokens,
-                lambda p, s=start: self._section_prompt(ids, s, p.chunk_tokens, out), out)
+                doc_id,
+                hint,
+                cfg.section_summary_tokens,
+                lambda p, s=start: self._section_prompt(ids, s, p.chunk_tokens, out),
+                out,
+            )
             cap = permit.chunk_tokens
             pieces.append(done.text)
             out.sections += 1
@@ -117,8 +121,9 @@ class DocumentJob:
         prefill (the cached instruction is free), never below `min_section_tokens`."""
         return max(self.config.min_section_tokens, chunk_tokens - self.kit.uncached_overhead)
 
-    def _section_prompt(self, ids: list[int], start: int, chunk_tokens: int,
-                        out: DocOutcome) -> tuple[list[int], Stage, int]:
+    def _section_prompt(
+        self, ids: list[int], start: int, chunk_tokens: int, out: DocOutcome
+    ) -> tuple[list[int], Stage, int]:
         """The prompt for the section at `start` under cap `chunk_tokens`, or the whole document."""
         cfg, n = self.config, len(ids)
         if start == 0 and self._goes_whole(n, chunk_tokens):
@@ -133,8 +138,7 @@ class DocumentJob:
             return False
         return cfg.mode == "whole" or n + self.kit.overhead <= chunk_tokens
 
-    async def _reduce(self, doc_id: str, pieces: list[str], cap: int,
-                      out: DocOutcome) -> list[str]:
+    async def _reduce(self, doc_id: str, pieces: list[str], cap: int, out: DocOutcome) -> list[str]:
         """Combine section summaries, in rounds when together they exceed the chunk cap."""
         cfg = self.config
         fixed = self.kit.reduce_size([])
@@ -150,14 +154,20 @@ class DocumentJob:
                     continue
                 prompt = self.kit.reduce([ids[i] for i in group])
                 permit, done = await self._send(
-                    doc_id, len(prompt), max_out, lambda p, pr=prompt, m=max_out: (pr, "reduce", m), out)
+                    doc_id,
+                    len(prompt),
+                    max_out,
+                    lambda p, pr=prompt, m=max_out: (pr, "reduce", m),
+                    out,
+                )
                 cap = permit.chunk_tokens
                 merged.append(done.text)
             pieces = merged
         return pieces
 
-    async def _send(self, doc_id: str, prompt_hint: int, max_tokens: int, make_prompt,
-                    out: DocOutcome) -> tuple[object, Completion]:
+    async def _send(
+        self, doc_id: str, prompt_hint: int, max_tokens: int, make_prompt, out: DocOutcome
+    ) -> tuple[object, Completion]:
         """Acquire a permit, build the prompt for it, stream it, release; move on a dead replica."""
         last_error = "no attempt made"
         for _ in range(self.config.attempts_per_request):
@@ -170,32 +180,46 @@ class DocumentJob:
             prompt, stage, n_out = make_prompt(permit)
             done = await self._stream(permit, doc_id, prompt, stage, n_out)
             out.records.append(done.record)
-            await self.gate.release(permit.permit_id, done.record.row(),
-                                    [{"t": g.t, "gap_s": g.gap_s} for g in done.record.gaps])
+            await self.gate.release(
+                permit.permit_id,
+                done.record.row(),
+                [{"t": g.t, "gap_s": g.gap_s} for g in done.record.gaps],
+            )
             if done.ok:
                 return permit, done
             last_error = done.record.error or done.record.status
             if not done.replica_failed:
                 raise DocumentFailed(f"{stage} request failed on {permit.replica}: {last_error}")
             await self.gate.mark_down(permit.replica)
-        raise DocumentFailed(f"gave up after {self.config.attempts_per_request} replicas: "
-                             f"{last_error}")
+        raise DocumentFailed(
+            f"gave up after {self.config.attempts_per_request} replicas: {last_error}"
+        )
 
-    async def _stream(self, permit, doc_id: str, prompt: list[int], stage: Stage,
-                      max_tokens: int) -> Completion:
+    async def _stream(
+        self, permit, doc_id: str, prompt: list[int], stage: Stage, max_tokens: int
+    ) -> Completion:
         """Stream one request, cancelled (closing the connection, so the engine drops it too)
         if the run aborts meanwhile."""
         client = self.clients.client(permit.base_url, permit.replica)
         reports: list[asyncio.Future] = []
 
         def prefilled() -> None:
-            reports.append(asyncio.ensure_future(
-                self.gate.prefilled(permit.permit_id, len(prompt))))
+            reports.append(
+                asyncio.ensure_future(self.gate.prefilled(permit.permit_id, len(prompt)))
+            )
 
-        request = asyncio.ensure_future(client.complete(
-            prompt, max_tokens=max_tokens, cls="batch", stage=stage, doc_id=doc_id,
-            priority=permit.priority, ignore_eos=self.config.ignore_eos,
-            on_first_token=prefilled))
+        request = asyncio.ensure_future(
+            client.complete(
+                prompt,
+                max_tokens=max_tokens,
+                cls="batch",
+                stage=stage,
+                doc_id=doc_id,
+                priority=permit.priority,
+                ignore_eos=self.config.ignore_eos,
+                on_first_token=prefilled,
+            )
+        )
         aborted = asyncio.ensure_future(self.abort.wait())
         await asyncio.wait({request, aborted}, return_when=asyncio.FIRST_COMPLETED)
         aborted.cancel()

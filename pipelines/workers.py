@@ -22,8 +22,20 @@ from pipelines.summarize import DocOutcome, DocumentJob
 from serving.engine_config import load_engine_config
 from serving.tokenizer import tokenizer_for
 
-OUTCOME_COLUMNS = ("doc_id", "status", "reason", "summary", "summary_tokens", "sections",
-                   "prompt_tokens", "batch_tokens", "replicas", "requests", "gaps", "t_done")
+OUTCOME_COLUMNS = (
+    "doc_id",
+    "status",
+    "reason",
+    "summary",
+    "summary_tokens",
+    "sections",
+    "prompt_tokens",
+    "batch_tokens",
+    "replicas",
+    "requests",
+    "gaps",
+    "t_done",
+)
 
 
 class Tokenize:
@@ -43,8 +55,9 @@ class Tokenize:
 class Summarize:
     """Summarizes one document per call, through the run's Gate; returns its outcome row."""
 
-    def __init__(self, run_id: str, engine_config: str, config: dict,
-                 replica_url: str | None = None) -> None:
+    def __init__(
+        self, run_id: str, engine_config: str, config: dict, replica_url: str | None = None
+    ) -> None:
         import ray
 
         from pipelines.gate import gate_name
@@ -67,8 +80,10 @@ class Summarize:
     async def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, list]:
         if self._watcher is None:
             self._watcher = asyncio.ensure_future(self._watch_abort())
-        rows = [await self.job.summarize(str(doc_id), [int(t) for t in ids])
-                for doc_id, ids in zip(batch["doc_id"], batch["token_ids"], strict=True)]
+        rows = [
+            await self.job.summarize(str(doc_id), [int(t) for t in ids])
+            for doc_id, ids in zip(batch["doc_id"], batch["token_ids"], strict=True)
+        ]
         return {c: [outcome_row(o)[c] for o in rows] for c in OUTCOME_COLUMNS}
 
     async def _watch_abort(self, every_s: float = 0.5) -> None:
@@ -82,12 +97,22 @@ class Summarize:
 def outcome_row(o: DocOutcome) -> dict:
     """A document's outcome as one row; its request records and gaps travel as JSON text so that
     a row of any size fits a Ray Data block without a nested schema."""
-    gaps = [{"request_id": g.request_id, "idx": g.idx, "gap_s": g.gap_s, "t": g.t}
-            for r in o.records for g in r.gaps]
+    gaps = [
+        {"request_id": g.request_id, "idx": g.idx, "gap_s": g.gap_s, "t": g.t}
+        for r in o.records
+        for g in r.gaps
+    ]
     return {
-        "doc_id": o.doc_id, "status": o.status, "reason": o.reason, "summary": o.summary,
-        "summary_tokens": o.summary_tokens, "sections": o.sections,
-        "prompt_tokens": o.prompt_tokens, "batch_tokens": o.batch_tokens,
-        "replicas": json.dumps(o.replicas), "requests": json.dumps([r.row() for r in o.records]),
-        "gaps": json.dumps(gaps), "t_done": time.time(),
+        "doc_id": o.doc_id,
+        "status": o.status,
+        "reason": o.reason,
+        "summary": o.summary,
+        "summary_tokens": o.summary_tokens,
+        "sections": o.sections,
+        "prompt_tokens": o.prompt_tokens,
+        "batch_tokens": o.batch_tokens,
+        "replicas": json.dumps(o.replicas),
+        "requests": json.dumps([r.row() for r in o.records]),
+        "gaps": json.dumps(gaps),
+        "t_done": time.time(),
     }

@@ -12,6 +12,8 @@ class SLO(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     chat_itl_p99_ms: float = Field(50.0, gt=0, description="Chat inter-token latency p99 target.")
-    chat_ttft_p99_ms: float = Field(1000.0, gt=0, description="Chat time-to-first-token p99 target.")
+    chat_ttft_p99_ms: float = Field(
+        1000.0, gt=0, description="Chat time-to-first-token p99 target."
+    )
     window_s: float = Field(60.0, gt=0, description="Length of one SLO evaluation window.")
     chat_e2e_p99_ms: float | None = Field(None, gt=0, description="Optional chat end-to-end p99.")

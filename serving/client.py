@@ -81,7 +81,9 @@ class StreamingClient:
         self.replica = replica or self.base_url
         self.config = config or ClientConfig()
         self._http = http or httpx.AsyncClient(
-            timeout=httpx.Timeout(self.config.read_timeout_s, connect=self.config.connect_timeout_s),
+            timeout=httpx.Timeout(
+                self.config.read_timeout_s, connect=self.config.connect_timeout_s
+            ),
             limits=httpx.Limits(max_connections=None, max_keepalive_connections=64),
         )
         self._owns_http = http is None
@@ -147,10 +149,17 @@ class StreamingClient:
             async with asyncio.timeout(self.config.total_timeout_s):
                 return await self._with_retries(path, payload, record, on_first_token)
         except TimeoutError:
-            return _failed(record, "timeout", f"no answer within {self.config.total_timeout_s:.0f} s")
+            return _failed(
+                record, "timeout", f"no answer within {self.config.total_timeout_s:.0f} s"
+            )
 
-    async def _with_retries(self, path: str, payload: dict, record: RequestRecord,
-                            on_first_token: Callable[[], None] | None) -> Completion:
+    async def _with_retries(
+        self,
+        path: str,
+        payload: dict,
+        record: RequestRecord,
+        on_first_token: Callable[[], None] | None,
+    ) -> Completion:
         delay = self.config.backoff_s
         for attempt in range(self.config.retries + 1):
             try:
@@ -164,8 +173,13 @@ class StreamingClient:
                 delay = min(delay * 2, self.config.backoff_max_s)
         raise AssertionError("unreachable")
 
-    async def _stream_once(self, path: str, payload: dict, record: RequestRecord,
-                           on_first_token: Callable[[], None] | None = None) -> Completion:
+    async def _stream_once(
+        self,
+        path: str,
+        payload: dict,
+        record: RequestRecord,
+        on_first_token: Callable[[], None] | None = None,
+    ) -> Completion:
         """One attempt. Raises RetryableError only while no token has arrived."""
         t0_wall, t0 = time.time(), time.perf_counter()
         token_times: list[float] = []
@@ -183,12 +197,22 @@ class StreamingClient:
                     _absorb(chunk, now, record, token_times, pieces)
                     if first and token_times and on_first_token is not None:
                         on_first_token()
-        except (httpx.ConnectError, httpx.ConnectTimeout, httpx.RemoteProtocolError,
-                httpx.ReadError, httpx.ReadTimeout) as exc:
+        except (
+            httpx.ConnectError,
+            httpx.ConnectTimeout,
+            httpx.RemoteProtocolError,
+            httpx.ReadError,
+            httpx.ReadTimeout,
+        ) as exc:
             if not token_times:
                 raise RetryableError(f"{type(exc).__name__} from {self.replica}: {exc}") from exc
-            done = _failed(record, "error", f"stream broke after {len(token_times)} tokens: {exc}",
-                           token_times, pieces)
+            done = _failed(
+                record,
+                "error",
+                f"stream broke after {len(token_times)} tokens: {exc}",
+                token_times,
+                pieces,
+            )
             done.replica_failed = True
             return done
         record.finish(token_times, t0_wall + (time.perf_counter() - t0))
@@ -214,8 +238,9 @@ async def _sse_chunks(resp: httpx.Response) -> AsyncIterator[dict]:
         yield chunk
 
 
-def _absorb(chunk: dict, now: float, record: RequestRecord, token_times: list[float],
-            pieces: list[str]) -> None:
+def _absorb(
+    chunk: dict, now: float, record: RequestRecord, token_times: list[float], pieces: list[str]
+) -> None:
     """Fold one stream chunk into the record: token arrivals, text, usage."""
     for choice in chunk.get("choices") or ():
         text = choice.get("text")
@@ -235,8 +260,13 @@ def _absorb(chunk: dict, now: float, record: RequestRecord, token_times: list[fl
         record.cached_tokens = details.get("cached_tokens") or 0
 
 
-def _failed(record: RequestRecord, status: str, error: str, token_times: list[float] | None = None,
-            pieces: list[str] | None = None) -> Completion:
+def _failed(
+    record: RequestRecord,
+    status: str,
+    error: str,
+    token_times: list[float] | None = None,
+    pieces: list[str] | None = None,
+) -> Completion:
     record.finish(token_times or [], time.time())
     record.status = status  # type: ignore[assignment]
     record.error = error

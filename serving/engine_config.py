@@ -142,7 +142,9 @@ def load_engine_config(path: str | Path) -> EngineConfig:
     except yaml.YAMLError as exc:
         raise EngineConfigError(f"{path}: not valid YAML: {exc}") from exc
     if not isinstance(raw, dict):
-        raise EngineConfigError(f"{path}: expected a mapping at the top level, got {type(raw).__name__}")
+        raise EngineConfigError(
+            f"{path}: expected a mapping at the top level, got {type(raw).__name__}"
+        )
     try:
         return EngineConfig.model_validate(raw)
     except ValidationError as exc:

@@ -69,11 +69,17 @@ def model_location(config: EngineConfig) -> str:
 def engine_argv(config: EngineConfig, port: int, host: str = "127.0.0.1") -> list[str]:
     """The exact command line of one replica."""
     return [
-        str(engine_python()), "-m", ENGINE_MODULE,
-        "--model", model_location(config),
-        "--served-model-name", config.model.served_name,
-        "--host", host,
-        "--port", str(port),
+        str(engine_python()),
+        "-m",
+        ENGINE_MODULE,
+        "--model",
+        model_location(config),
+        "--served-model-name",
+        config.model.served_name,
+        "--host",
+        host,
+        "--port",
+        str(port),
         *render_flags(config.vllm),
     ]
 
@@ -106,9 +112,16 @@ class ReplicaSet:
         tmp.write_text(json.dumps([asdict(r) for r in replicas], indent=2))
         tmp.replace(self.state_file)
 
-    def up(self, config: EngineConfig, config_path: str, port: int, count: int = 1,
-           host: str = "127.0.0.1", timeout_s: float = 300.0,
-           tie_to_caller: bool = False) -> list[Replica]:
+    def up(
+        self,
+        config: EngineConfig,
+        config_path: str,
+        port: int,
+        count: int = 1,
+        host: str = "127.0.0.1",
+        timeout_s: float = 300.0,
+        tie_to_caller: bool = False,
+    ) -> list[Replica]:
         """Start `count` replicas on consecutive ports and wait until all answer /health.
 
         Any failure stops every replica this call started, then raises EngineStartError. With
@@ -119,7 +132,8 @@ class ReplicaSet:
         if busy:
             raise EngineStartError(
                 f"port {busy[0]} on {host} is already in use (another replica? see "
-                "`nightshift engine status`); choose a free one with --port")
+                "`nightshift engine status`); choose a free one with --port"
+            )
         argv = {p: engine_argv(config, p, host) for p in ports}  # fails early on a missing model
         started: list[Replica] = []
         try:
@@ -133,18 +147,31 @@ class ReplicaSet:
             raise
         return started
 
-    def _spawn(self, config: EngineConfig, config_path: str, argv: list[str], host: str,
-               port: int, tie_to_caller: bool = False) -> Replica:
+    def _spawn(
+        self,
+        config: EngineConfig,
+        config_path: str,
+        argv: list[str],
+        host: str,
+        port: int,
+        tie_to_caller: bool = False,
+    ) -> Replica:
         name = f"{config.name}-{port}"
         log = self.state_dir / f"{name}.log"
         self.state_dir.mkdir(parents=True, exist_ok=True)
         with open(log, "wb") as out:
             proc = subprocess.Popen(
-                argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                env={**os.environ, **config.env}, process_group=0,
-                preexec_fn=_die_with_parent if tie_to_caller and _on_main_thread() else None)
-        replica = Replica(name, config_path, config.model.served_name, host, port, proc.pid,
-                          str(log), time.time())
+                argv,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env={**os.environ, **config.env},
+                process_group=0,
+                preexec_fn=_die_with_parent if tie_to_caller and _on_main_thread() else None,
+            )
+        replica = Replica(
+            name, config_path, config.model.served_name, host, port, proc.pid, str(log), time.time()
+        )
         self._save([r for r in self.load() if r.name != name] + [replica])
         return replica
 
@@ -168,11 +195,18 @@ class ReplicaSet:
         return chosen
 
     @contextlib.contextmanager
-    def running(self, config: EngineConfig, config_path: str, port: int, count: int = 1,
-                timeout_s: float = 300.0) -> Iterator[list[Replica]]:
+    def running(
+        self,
+        config: EngineConfig,
+        config_path: str,
+        port: int,
+        count: int = 1,
+        timeout_s: float = 300.0,
+    ) -> Iterator[list[Replica]]:
         """Replicas that exist for the duration of a `with` block, stopped on any exit."""
-        replicas = self.up(config, config_path, port, count, timeout_s=timeout_s,
-                           tie_to_caller=True)
+        replicas = self.up(
+            config, config_path, port, count, timeout_s=timeout_s, tie_to_caller=True
+        )
         try:
             yield replicas
         finally:
@@ -202,13 +236,15 @@ def wait_healthy(replica: Replica, timeout_s: float) -> None:
         if not _group_alive(replica.pid):
             raise EngineStartError(
                 f"replica {replica.name} exited during start-up; last lines of {replica.log}:\n"
-                + log_tail(replica.log))
+                + log_tail(replica.log)
+            )
         if _healthy(replica):
             return
         time.sleep(1.0)
     raise EngineStartError(
         f"replica {replica.name} did not answer {replica.base_url}/health within {timeout_s:.0f} s;"
-        f" last lines of {replica.log}:\n" + log_tail(replica.log))
+        f" last lines of {replica.log}:\n" + log_tail(replica.log)
+    )
 
 
 def warm_up(replica: Replica, step_tokens: int) -> None:
@@ -217,9 +253,16 @@ def warm_up(replica: Replica, step_tokens: int) -> None:
     words = max(8, step_tokens // 2)
     for prompt, n in (("warm up", 4), (" ".join(["warm"] * words), 16)):
         try:
-            httpx.post(f"{replica.base_url}/v1/completions", timeout=120.0,
-                       json={"model": replica.served_model, "prompt": prompt, "max_tokens": n,
-                             "ignore_eos": True})
+            httpx.post(
+                f"{replica.base_url}/v1/completions",
+                timeout=120.0,
+                json={
+                    "model": replica.served_model,
+                    "prompt": prompt,
+                    "max_tokens": n,
+                    "ignore_eos": True,
+                },
+            )
         except httpx.HTTPError:
             return  # warm-up is best effort; a replica that cannot answer fails its first request
 

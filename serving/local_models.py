@@ -55,13 +55,29 @@ class ModelRecipe:
 
 RECIPES: dict[str, ModelRecipe] = {
     # Fast to load and step; for tests that need a real engine, not realistic timing.
-    "tiny": ModelRecipe(layers=2, hidden=64, intermediate=256, heads=2, kv_heads=1, head_dim=32,
-                        vocab_target=1024, max_position=4096),
+    "tiny": ModelRecipe(
+        layers=2,
+        hidden=64,
+        intermediate=256,
+        heads=2,
+        kv_heads=1,
+        head_dim=32,
+        vocab_target=1024,
+        max_position=4096,
+    ),
     # For the demo and benchmarks: on this CPU a 512-token prefill chunk costs about as much as
     # one to two decode steps at a short prefix and several times more deep into a long prompt,
     # the proportions of a 70B model on H100s (README, "The local models").
-    "small": ModelRecipe(layers=4, hidden=256, intermediate=768, heads=4, kv_heads=2, head_dim=64,
-                         vocab_target=2048, max_position=32768),
+    "small": ModelRecipe(
+        layers=4,
+        hidden=256,
+        intermediate=768,
+        heads=4,
+        kv_heads=2,
+        head_dim=64,
+        vocab_target=2048,
+        max_position=32768,
+    ),
 }
 
 

@@ -128,7 +128,9 @@ def histogram_quantile(h: Histogram, q: float) -> float | None:
     return prev_bound
 
 
-async def scrape(client: httpx.AsyncClient, base_url: str, timeout_s: float = 5.0) -> MetricsSnapshot:
+async def scrape(
+    client: httpx.AsyncClient, base_url: str, timeout_s: float = 5.0
+) -> MetricsSnapshot:
     """Fetch and parse `base_url/metrics`; raises httpx errors so callers can mark the replica stale."""
     response = await client.get(f"{base_url.rstrip('/')}/metrics", timeout=timeout_s)
     response.raise_for_status()

@@ -21,7 +21,9 @@ def engine_python() -> Path:
     override = os.environ.get("NIGHTSHIFT_ENGINE_PYTHON")
     path = Path(override) if override else REPO_ROOT / ".venv-engine" / "bin" / "python"
     if not path.exists():
-        raise SetupError(f"engine interpreter {path} not found: run `make engine-venv` to create it")
+        raise SetupError(
+            f"engine interpreter {path} not found: run `make engine-venv` to create it"
+        )
     return path
 
 

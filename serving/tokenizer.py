@@ -52,13 +52,17 @@ class ReplicaTokenizer:
         self._http = httpx.Client(timeout=timeout_s)
 
     def encode(self, text: str) -> list[int]:
-        r = self._http.post(f"{self.base_url}/tokenize",
-                            json={"model": self.model, "prompt": text, "add_special_tokens": False})
+        r = self._http.post(
+            f"{self.base_url}/tokenize",
+            json={"model": self.model, "prompt": text, "add_special_tokens": False},
+        )
         r.raise_for_status()
         return r.json()["tokens"]
 
     def decode(self, ids: list[int]) -> str:
-        r = self._http.post(f"{self.base_url}/detokenize", json={"model": self.model, "tokens": ids})
+        r = self._http.post(
+            f"{self.base_url}/detokenize", json={"model": self.model, "tokens": ids}
+        )
         r.raise_for_status()
         return r.json()["prompt"]
 
@@ -73,5 +77,6 @@ def tokenizer_for(config: EngineConfig, replica_url: str | None = None) -> Token
     if replica_url is None:
         raise FileNotFoundError(
             f"no tokenizer.json under {location} and no replica URL to ask: pass a running "
-            "replica's URL so its /tokenize endpoint can be used")
+            "replica's URL so its /tokenize endpoint can be used"
+        )
     return ReplicaTokenizer(replica_url, config.model.served_name)

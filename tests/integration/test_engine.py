@@ -21,10 +21,17 @@ async def test_completion_and_chat_stream_with_timings(tiny_replica) -> None:
     url = tiny_replica.base_url
     before = scrape(url)
     async with StreamingClient(url, tiny_replica.served_model, run_id="it") as client:
-        done = await client.complete("The night shift begins", max_tokens=24, ignore_eos=True,
-                                     cls="batch", stage="whole", doc_id="d1")
-        chat = await client.chat([{"role": "user", "content": "Summarize the lease."}],
-                                 max_tokens=12, ignore_eos=True)
+        done = await client.complete(
+            "The night shift begins",
+            max_tokens=24,
+            ignore_eos=True,
+            cls="batch",
+            stage="whole",
+            doc_id="d1",
+        )
+        chat = await client.chat(
+            [{"role": "user", "content": "Summarize the lease."}], max_tokens=12, ignore_eos=True
+        )
     after = scrape(url)
     for result, n in ((done, 24), (chat, 12)):
         rec = result.record
@@ -38,8 +45,10 @@ async def test_completion_and_chat_stream_with_timings(tiny_replica) -> None:
     # The engine observes one gap per token after the first (a decode step makes one token).
     delta = histogram_delta(after.histogram(ITL), before.histogram(ITL))
     assert delta.count == (24 - 1) + (12 - 1)
-    ttft = histogram_delta(after.histogram("vllm:time_to_first_token_seconds"),
-                           before.histogram("vllm:time_to_first_token_seconds"))
+    ttft = histogram_delta(
+        after.histogram("vllm:time_to_first_token_seconds"),
+        before.histogram("vllm:time_to_first_token_seconds"),
+    )
     assert ttft.count == 2
 
 

@@ -18,8 +18,13 @@ NIGHTSHIFT = [sys.executable, "-m", "flows.cli"]
 
 
 def run(*args: str, env: dict | None = None, timeout: float = 400) -> subprocess.CompletedProcess:
-    return subprocess.run([*NIGHTSHIFT, *args], capture_output=True, text=True, timeout=timeout,
-                          env={**os.environ, **(env or {})})
+    return subprocess.run(
+        [*NIGHTSHIFT, *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, **(env or {})},
+    )
 
 
 def group_members(pgid: int) -> list[int]:
@@ -38,14 +43,18 @@ def group_members(pgid: int) -> list[int]:
 def test_two_replicas_up_status_down_leaves_nothing(tmp_path: Path) -> None:
     state = str(tmp_path / "engines")
     port = free_port_block(2)
-    up = run("engine", "up", str(TINY), "--port", str(port), "--replicas", "2",
-             "--state-dir", state)
+    up = run(
+        "engine", "up", str(TINY), "--port", str(port), "--replicas", "2", "--state-dir", state
+    )
     assert up.returncode == 0, up.stderr
     replicas = yaml.safe_load(Path(state, "replicas.json").read_text())
     assert [r["port"] for r in replicas] == [port, port + 1]
     for r in replicas:
-        resp = httpx.post(f"http://127.0.0.1:{r['port']}/v1/completions", timeout=60,
-                          json={"model": "nightshift-tiny", "prompt": "hi", "max_tokens": 3})
+        resp = httpx.post(
+            f"http://127.0.0.1:{r['port']}/v1/completions",
+            timeout=60,
+            json={"model": "nightshift-tiny", "prompt": "hi", "max_tokens": 3},
+        )
         assert resp.status_code == 200 and resp.json()["usage"]["completion_tokens"] == 3
         assert len(group_members(r["pid"])) >= 2  # API server plus engine core at least
     status = run("engine", "status", "--state-dir", state)
@@ -64,13 +73,24 @@ def test_engine_dying_on_start_fails_fast_with_log_tail(tmp_path: Path) -> None:
     bad = tmp_path / "bad.yaml"
     bad.write_text(yaml.safe_dump(doc))
     t0 = time.monotonic()
-    up = run("engine", "up", str(bad), "--port", str(free_port_block(1)), "--state-dir",
-             str(tmp_path / "engines"), "--timeout", "300")
+    up = run(
+        "engine",
+        "up",
+        str(bad),
+        "--port",
+        str(free_port_block(1)),
+        "--state-dir",
+        str(tmp_path / "engines"),
+        "--timeout",
+        "300",
+    )
     assert up.returncode == 2
     assert "exited during start-up" in up.stderr and "max-num-seqs" in up.stderr
     assert time.monotonic() - t0 < 120
-    assert "no replicas recorded" in run("engine", "status", "--state-dir",
-                                         str(tmp_path / "engines")).stdout
+    assert (
+        "no replicas recorded"
+        in run("engine", "status", "--state-dir", str(tmp_path / "engines")).stdout
+    )
 
 
 def test_invalid_config_exits_2_naming_file_and_key(tmp_path: Path) -> None:

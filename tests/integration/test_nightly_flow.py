@@ -24,8 +24,10 @@ def prefect_api():
 
 def corpus(path: Path, n: int = 3) -> Path:
     words = "the river market ledger contract tenant clause notice rent repair".split()
-    rows = [{"doc_id": f"d{i}", "text": " ".join(words[(i + j) % len(words)] for j in range(300))}
-            for i in range(n)]
+    rows = [
+        {"doc_id": f"d{i}", "text": " ".join(words[(i + j) % len(words)] for j in range(300))}
+        for i in range(n)
+    ]
     rows.append({"doc_id": "blank", "text": "  "})
     pq.write_table(pa.Table.from_pylist(rows), path)
     return path
@@ -37,29 +39,47 @@ def test_flow_runs_loads_and_reports(prefect_api, tiny_replica, tmp_path: Path) 
 
     results = tmp_path / "results"
     out = nightly_summarization(
-        corpus=str(corpus(tmp_path / "c.parquet")), engine_config=str(TINY),
-        replica_urls=[tiny_replica.base_url], run_id="flow-1", results=str(results),
-        policy="static", static_caps=(2, 256), show_progress=False,
-        pipeline=PipelineConfig(max_model_len=4096, section_summary_tokens=8,
-                                final_summary_tokens=12, ignore_eos=True))
+        corpus=str(corpus(tmp_path / "c.parquet")),
+        engine_config=str(TINY),
+        replica_urls=[tiny_replica.base_url],
+        run_id="flow-1",
+        results=str(results),
+        policy="static",
+        static_caps=(2, 256),
+        show_progress=False,
+        pipeline=PipelineConfig(
+            max_model_len=4096, section_summary_tokens=8, final_summary_tokens=12, ignore_eos=True
+        ),
+    )
     assert out["run_id"] == "flow-1" and out["job"]["docs_done"] == 3
     assert out["job"]["docs_failed"] == 1  # the blank document, recorded with its reason
     con = duckdb.connect(str(results / "nightshift.duckdb"), read_only=True)
-    statuses = dict(con.execute(
-        "select status, count(*) from documents where run_id = 'flow-1' group by 1").fetchall())
+    statuses = dict(
+        con.execute(
+            "select status, count(*) from documents where run_id = 'flow-1' group by 1"
+        ).fetchall()
+    )
     assert statuses == {"done": 3, "failed": 1}
     assert con.execute("select count(*) from requests where run_id = 'flow-1'").fetchone()[0] >= 3
     assert Path(out["report"]["html"]).is_file() and Path(out["report"]["markdown"]).is_file()
 
 
 def nightshift(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "flows.cli", *args], capture_output=True,
-                          text=True, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "flows.cli", *args], capture_output=True, text=True, timeout=120
+    )
 
 
 def test_run_refuses_missing_corpus(tmp_path: Path) -> None:
-    r = nightshift("run", "--corpus", str(tmp_path / "nope.parquet"), "--engine-config",
-                   str(TINY), "--policy", "static")
+    r = nightshift(
+        "run",
+        "--corpus",
+        str(tmp_path / "nope.parquet"),
+        "--engine-config",
+        str(TINY),
+        "--policy",
+        "static",
+    )
     assert r.returncode == 2 and "nope.parquet" in r.stderr
 
 
@@ -71,14 +91,24 @@ def test_run_refuses_corpus_without_text(tmp_path: Path) -> None:
 
 
 def test_run_refuses_unreachable_replica(tmp_path: Path) -> None:
-    r = nightshift("run", "--corpus", str(corpus(tmp_path / "c.parquet")), "--engine-config",
-                   str(TINY), "--policy", "static", "--replica-url", "http://127.0.0.1:9")
+    r = nightshift(
+        "run",
+        "--corpus",
+        str(corpus(tmp_path / "c.parquet")),
+        "--engine-config",
+        str(TINY),
+        "--policy",
+        "static",
+        "--replica-url",
+        "http://127.0.0.1:9",
+    )
     assert r.returncode == 2 and "not reachable" in r.stderr
 
 
 def test_run_refuses_slo_policy_without_latency_model(tmp_path: Path) -> None:
-    r = nightshift("run", "--corpus", str(corpus(tmp_path / "c.parquet")), "--engine-config",
-                   str(TINY))
+    r = nightshift(
+        "run", "--corpus", str(corpus(tmp_path / "c.parquet")), "--engine-config", str(TINY)
+    )
     assert r.returncode == 2 and "nightshift calibrate" in r.stderr
 
 
@@ -88,7 +118,17 @@ def test_run_refuses_reused_run_id_with_another_corpus(tmp_path: Path) -> None:
 
     first = corpus(tmp_path / "one.parquet", 2)
     RunStore(tmp_path / "results", "r1").begin(RunMeta(run_id="r1", corpus_path=str(first)))
-    r = nightshift("run", "--corpus", str(corpus(tmp_path / "two.parquet", 3)), "--engine-config",
-                   str(TINY), "--policy", "static", "--run-id", "r1", "--results",
-                   str(tmp_path / "results"))
+    r = nightshift(
+        "run",
+        "--corpus",
+        str(corpus(tmp_path / "two.parquet", 3)),
+        "--engine-config",
+        str(TINY),
+        "--policy",
+        "static",
+        "--run-id",
+        "r1",
+        "--results",
+        str(tmp_path / "results"),
+    )
     assert r.returncode == 2 and "different corpus" in r.stderr

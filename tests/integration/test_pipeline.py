@@ -24,8 +24,13 @@ from warehouse.run_files import read_table
 
 pytestmark = pytest.mark.engine
 
-SMALL_OUTPUTS = PipelineConfig(max_model_len=4096, section_summary_tokens=16,
-                               final_summary_tokens=24, ignore_eos=True, overlap_tokens=16)
+SMALL_OUTPUTS = PipelineConfig(
+    max_model_len=4096,
+    section_summary_tokens=16,
+    final_summary_tokens=24,
+    ignore_eos=True,
+    overlap_tokens=16,
+)
 
 
 def write_corpus(path: Path, docs: int, lo: int, hi: int, seed: int) -> list[str]:
@@ -37,10 +42,18 @@ def write_corpus(path: Path, docs: int, lo: int, hi: int, seed: int) -> list[str
 
 
 def spec_for(corpus: Path, replicas, results: Path, run_id: str, **kw) -> JobSpec:
-    return JobSpec(corpus=str(corpus), engine_config=str(TINY),
-                   replicas=[(r.name, r.base_url) for r in replicas], run_id=run_id,
-                   results=str(results), pipeline=SMALL_OUTPUTS, policy="static",
-                   static_caps=(2, 400), show_progress=False, **kw)
+    return JobSpec(
+        corpus=str(corpus),
+        engine_config=str(TINY),
+        replicas=[(r.name, r.base_url) for r in replicas],
+        run_id=run_id,
+        results=str(results),
+        pipeline=SMALL_OUTPUTS,
+        policy="static",
+        static_caps=(2, 400),
+        show_progress=False,
+        **kw,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -98,8 +111,9 @@ def _served_by(run_dir: Path, replica: str) -> bool:
     return replica in read_table(run_dir, "requests").column("replica").to_pylist()
 
 
-def test_rerun_resumes_without_redoing_and_refuses_another_corpus(two_replicas,
-                                                                  tmp_path: Path) -> None:
+def test_rerun_resumes_without_redoing_and_refuses_another_corpus(
+    two_replicas, tmp_path: Path
+) -> None:
     corpus = tmp_path / "corpus.parquet"
     write_corpus(corpus, docs=4, lo=300, hi=900, seed=5)
     results = tmp_path / "results"

@@ -31,18 +31,22 @@ def test_latency_is_token_weighted_for_itl() -> None:
 
 
 def test_windows_judge_itl_ttft_and_failures_separately() -> None:
-    records = [chat(1, 0.1, 0.01, 20),  # window 0: fine
-               chat(11, 0.1, 0.2, 5),  # window 1: ITL 200 ms breaks it
-               chat(21, 0.9, 0.01, 5),  # window 2: TTFT 900 ms breaks it
-               chat(31, 0.1, 0.01, 5, status="error")]  # window 3: a failure breaks it
+    records = [
+        chat(1, 0.1, 0.01, 20),  # window 0: fine
+        chat(11, 0.1, 0.2, 5),  # window 1: ITL 200 ms breaks it
+        chat(21, 0.9, 0.01, 5),  # window 2: TTFT 900 ms breaks it
+        chat(31, 0.1, 0.01, 5, status="error"),
+    ]  # window 3: a failure breaks it
     assert window_verdicts(records, 0, 50, SLO_10S) == [True, False, False, False, True]
 
 
 def test_goodput_counts_only_windows_that_held() -> None:
-    rows = [{"status": "ok", "t_end": 5, "prompt_tokens": 900, "output_tokens": 100},
-            {"status": "ok", "t_end": 15, "prompt_tokens": 400, "output_tokens": 100},
-            {"status": "error", "t_end": 6, "prompt_tokens": 999, "output_tokens": 0},
-            {"status": "ok", "t_end": 25, "prompt_tokens": 1, "output_tokens": 1}]  # outside
+    rows = [
+        {"status": "ok", "t_end": 5, "prompt_tokens": 900, "output_tokens": 100},
+        {"status": "ok", "t_end": 15, "prompt_tokens": 400, "output_tokens": 100},
+        {"status": "error", "t_end": 6, "prompt_tokens": 999, "output_tokens": 0},
+        {"status": "ok", "t_end": 25, "prompt_tokens": 1, "output_tokens": 1},
+    ]  # outside
     out = batch_throughput(rows, 0, 20, SLO_10S, [True, False])
     assert out == {"tokens_per_s": 1500 / 20, "goodput_tokens_per_s": 1000 / 20}
 

@@ -17,16 +17,24 @@ def sse(chunks: list[dict]) -> bytes:
 
 def completion_stream(texts: list[str], prompt_tokens: int = 7, cached: int = 3) -> bytes:
     chunks = [{"choices": [{"index": 0, "text": t, "token_ids": [i]}]} for i, t in enumerate(texts)]
-    chunks.append({"choices": [], "usage": {"prompt_tokens": prompt_tokens,
-                                            "completion_tokens": len(texts),
-                                            "prompt_tokens_details": {"cached_tokens": cached}}})
+    chunks.append(
+        {
+            "choices": [],
+            "usage": {
+                "prompt_tokens": prompt_tokens,
+                "completion_tokens": len(texts),
+                "prompt_tokens_details": {"cached_tokens": cached},
+            },
+        }
+    )
     return sse(chunks)
 
 
 def client_for(handler, config: ClientConfig = FAST_RETRY) -> StreamingClient:
     http = httpx.AsyncClient(transport=httpx.MockTransport(handler))
-    return StreamingClient("http://replica:8000", "m", run_id="r1", replica="rep-a", config=config,
-                           http=http)
+    return StreamingClient(
+        "http://replica:8000", "m", run_id="r1", replica="rep-a", config=config, http=http
+    )
 
 
 async def test_stream_yields_text_record_and_gaps() -> None:
@@ -36,8 +44,9 @@ async def test_stream_yields_text_record_and_gaps() -> None:
         seen.update(json.loads(request.content))
         return httpx.Response(200, content=completion_stream(["a", "b", "", "c"]))
 
-    done = await client_for(handler).complete("hi", max_tokens=4, cls="batch", stage="map",
-                                              doc_id="d1")
+    done = await client_for(handler).complete(
+        "hi", max_tokens=4, cls="batch", stage="map", doc_id="d1"
+    )
     rec = done.record
     assert done.text == "abc" and done.ok
     assert seen["priority"] == 10 and seen["stream"] is True and seen["max_tokens"] == 4
@@ -56,9 +65,11 @@ async def test_chat_uses_chat_priority_and_delta_content() -> None:
     def handler(request: httpx.Request) -> httpx.Response:
         body = json.loads(request.content)
         assert request.url.path == "/v1/chat/completions" and body["priority"] == 0
-        chunks = [{"choices": [{"delta": {"role": "assistant", "content": ""}}]},
-                  {"choices": [{"delta": {"content": "hel"}}]},
-                  {"choices": [{"delta": {"content": "lo"}}]}]
+        chunks = [
+            {"choices": [{"delta": {"role": "assistant", "content": ""}}]},
+            {"choices": [{"delta": {"content": "hel"}}]},
+            {"choices": [{"delta": {"content": "lo"}}]},
+        ]
         return httpx.Response(200, content=sse(chunks))
 
     done = await client_for(handler).chat([{"role": "user", "content": "x"}], max_tokens=2)
@@ -102,7 +113,7 @@ async def test_client_error_is_not_retried() -> None:
 
 class BreaksAfterTokens(httpx.AsyncByteStream):
     async def __aiter__(self):
-        yield sse([{"choices": [{"text": "a", "token_ids": [1]}]}])[:-len("data: [DONE]\n\n")]
+        yield sse([{"choices": [{"text": "a", "token_ids": [1]}]}])[: -len("data: [DONE]\n\n")]
         raise httpx.ReadError("connection reset")
 
 

@@ -75,10 +75,25 @@ def test_booleans_render_explicitly_both_ways() -> None:
 
 
 def test_values_lists_and_mappings_render() -> None:
-    argv = render_flags({"max-num-seqs": 8, "dtype": "bfloat16", "x": [1, 2],
-                         "custom-histogram-buckets": {"inter_token_latency": [0.01, 0.1]}})
-    assert argv == ["--max-num-seqs", "8", "--dtype", "bfloat16", "--x", "1", "2",
-                    "--custom-histogram-buckets", '{"inter_token_latency":[0.01,0.1]}']
+    argv = render_flags(
+        {
+            "max-num-seqs": 8,
+            "dtype": "bfloat16",
+            "x": [1, 2],
+            "custom-histogram-buckets": {"inter_token_latency": [0.01, 0.1]},
+        }
+    )
+    assert argv == [
+        "--max-num-seqs",
+        "8",
+        "--dtype",
+        "bfloat16",
+        "--x",
+        "1",
+        "2",
+        "--custom-histogram-buckets",
+        '{"inter_token_latency":[0.01,0.1]}',
+    ]
 
 
 def test_env_values_become_strings(tmp_path: Path) -> None:
@@ -93,4 +108,3 @@ def test_controller_tuning_is_validated_with_its_key_named(tmp_path: Path) -> No
         load_engine_config(write(tmp_path, minimal() | {"controller": {"hedroom": 0.5}}))
     with pytest.raises(EngineConfigError, match=r"controller\.headroom"):
         load_engine_config(write(tmp_path, minimal() | {"controller": {"headroom": 2}}))
-

@@ -31,13 +31,17 @@ def test_counters_and_gauges_from_recorded_vllm_text(after) -> None:
 
 def test_histogram_delta_counts_the_streamed_gaps(before, after) -> None:
     # The recording streamed 3 requests of 20 tokens each: 19 gaps apiece.
-    delta = histogram_delta(after.histogram("vllm:inter_token_latency_seconds"),
-                            before.histogram("vllm:inter_token_latency_seconds"))
+    delta = histogram_delta(
+        after.histogram("vllm:inter_token_latency_seconds"),
+        before.histogram("vllm:inter_token_latency_seconds"),
+    )
     assert delta.count == 57
     assert delta.cumulative[-1] == 57
     assert math.isinf(delta.bounds[-1])
-    ttft = histogram_delta(after.histogram("vllm:time_to_first_token_seconds"),
-                           before.histogram("vllm:time_to_first_token_seconds"))
+    ttft = histogram_delta(
+        after.histogram("vllm:time_to_first_token_seconds"),
+        before.histogram("vllm:time_to_first_token_seconds"),
+    )
     assert ttft.count == 3
 
 

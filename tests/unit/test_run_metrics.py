@@ -28,7 +28,9 @@ def test_throughput_and_eta() -> None:
 
 
 def test_caps_description() -> None:
-    caps = {"b": {"batch_seats": 2, "chunk_tokens": 512, "pause": False},
-            "a": {"batch_seats": 0, "chunk_tokens": 0, "pause": True},
-            "c": {"reason": "down", "pause": True}}
+    caps = {
+        "b": {"batch_seats": 2, "chunk_tokens": 512, "pause": False},
+        "a": {"batch_seats": 0, "chunk_tokens": 0, "pause": True},
+        "c": {"reason": "down", "pause": True},
+    }
     assert describe_caps(caps) == "a paused, b 2×512, c down"

@@ -25,8 +25,7 @@ def test_next_section_rejects_zero_chunk() -> None:
         next_section(10, 0, 0, 0)
 
 
-@given(sizes=st.lists(st.integers(1, 400), min_size=2, max_size=40),
-       budget=st.integers(50, 2000))
+@given(sizes=st.lists(st.integers(1, 400), min_size=2, max_size=40), budget=st.integers(50, 2000))
 def test_reduce_groups_shrink_every_round(sizes: list[int], budget: int) -> None:
     groups = reduce_groups(sizes, budget, fixed=30, per_item=3)
     assert sorted(i for g in groups for i in g) == list(range(len(sizes)))

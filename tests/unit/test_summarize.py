@@ -80,12 +80,22 @@ class Pool:
             return httpx.Response(200, content=stream(body["max_tokens"]))
 
         http = httpx.AsyncClient(transport=httpx.MockTransport(handler))
-        return StreamingClient(base_url, "m", replica=replica, http=http,
-                               config=ClientConfig(retries=0, backoff_s=0.001))
+        return StreamingClient(
+            base_url,
+            "m",
+            replica=replica,
+            http=http,
+            config=ClientConfig(retries=0, backoff_s=0.001),
+        )
 
 
-CFG = PipelineConfig(max_model_len=100_000, section_summary_tokens=4, final_summary_tokens=6,
-                     overlap_tokens=10, min_section_tokens=50)
+CFG = PipelineConfig(
+    max_model_len=100_000,
+    section_summary_tokens=4,
+    final_summary_tokens=6,
+    overlap_tokens=10,
+    min_section_tokens=50,
+)
 
 
 def job(gate, pool, cfg=CFG) -> DocumentJob:
@@ -154,8 +164,9 @@ async def test_abort_cancels_the_request_in_flight_and_frees_its_seat() -> None:
 
     class SlowPool:
         def client(self, base_url, replica):
-            http = httpx.AsyncClient(transport=httpx.MockTransport(
-                lambda request: httpx.Response(200, stream=Slow())))
+            http = httpx.AsyncClient(
+                transport=httpx.MockTransport(lambda request: httpx.Response(200, stream=Slow()))
+            )
             return StreamingClient(base_url, "m", replica=replica, http=http)
 
     gate = FakeGate(["a"], chunk=2000)
