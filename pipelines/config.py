@@ -34,6 +34,14 @@ class PipelineConfig(BaseModel):
         description="Generate exactly the requested tokens (the local random-weight models "
         "would otherwise stop at random).",
     )
+    batch_stream_interval: int = Field(
+        16,
+        ge=1,
+        description="Tokens per streamed chunk of a batch answer after its first (vLLM's "
+        "`stream_interval`). Nobody reads batch tokens as they come, and every chunk costs the "
+        "API server and the worker a message on the host chat shares; 1 streams every token "
+        "and records batch ITL.",
+    )
     attempts_per_request: int = Field(
         3, ge=1, description="Replicas a request may try when one dies under it."
     )

@@ -218,6 +218,7 @@ class DocumentJob:
                 priority=permit.priority,
                 ignore_eos=self.config.ignore_eos,
                 on_first_token=prefilled,
+                stream_interval=self.config.batch_stream_interval,
             )
         )
         aborted = asyncio.ensure_future(self.abort.wait())

@@ -58,6 +58,15 @@ async def test_priority_field_is_accepted(tiny_replica) -> None:
     assert low.ok, low.record.error
 
 
+async def test_stream_interval_sends_tokens_in_chunks(tiny_replica) -> None:
+    async with StreamingClient(tiny_replica.base_url, tiny_replica.served_model) as client:
+        done = await client.complete("x", max_tokens=17, ignore_eos=True, stream_interval=8)
+    assert done.ok, done.record.error
+    # The first token at once (TTFT), then chunks of 8: 1 + 8 + 8.
+    assert done.record.output_tokens == 17 and len(done.token_times) == 3
+    assert done.record.ttft_s is not None and done.record.gaps == []
+
+
 def test_replica_has_its_own_group_in_the_callers_session(tiny_replica) -> None:
     """Stopping a replica signals one process group; sharing the caller's session keeps the engine
     in the caller's scheduling group (serving/launcher.py says what a session of its own cost)."""

@@ -61,6 +61,37 @@ async def test_stream_yields_text_record_and_gaps() -> None:
     assert rec.row()["class"] == "batch" and rec.row()["doc_id"] == "d1"
 
 
+async def test_stream_interval_asks_for_chunks_and_records_no_gaps() -> None:
+    seen = {}
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        seen.update(json.loads(request.content))
+        chunks = [
+            {"choices": [{"index": 0, "text": "a", "token_ids": [1]}]},
+            {"choices": [{"index": 0, "text": "bcd", "token_ids": [2, 3, 4]}]},
+            {"choices": [], "usage": {"prompt_tokens": 9, "completion_tokens": 4}},
+        ]
+        return httpx.Response(200, content=sse(chunks))
+
+    done = await client_for(handler).complete("hi", max_tokens=4, cls="batch", stream_interval=3)
+    rec = done.record
+    assert seen["stream_interval"] == 3
+    assert done.text == "abcd" and rec.output_tokens == 4 and rec.ttft_s is not None
+    # A chunk's arrival spans three engine steps: no gap may pass for one.
+    assert rec.gaps == [] and rec.itl_p99_s is None
+
+
+async def test_every_token_streams_by_default() -> None:
+    seen = {}
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        seen.update(json.loads(request.content))
+        return httpx.Response(200, content=completion_stream(["a", "b"]))
+
+    await client_for(handler).complete("hi", max_tokens=2)
+    assert "stream_interval" not in seen
+
+
 async def test_chat_uses_chat_priority_and_delta_content() -> None:
     def handler(request: httpx.Request) -> httpx.Response:
         body = json.loads(request.content)
