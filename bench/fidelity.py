@@ -10,7 +10,7 @@
    prefix), and the same batch seats, prompt length and output length.
 3. Compares chat ITL p99, chat TTFT p99 and batch tokens/s, as relative errors.
 
-Like for like: real ITL is the engine's own histogram (bench/engine_itl.py), which counts every
+Like for like: real ITL is the engine's own histogram (serving/engine_itl.py), which counts every
 decoding sequence, so the simulated ITL counts chat and batch gaps too, and is read through the
 same buckets (a p99 interpolated inside a bucket is only as exact as the bucket). TTFT is chat's,
 client-side on both. Batch tokens/s counts prompt and output tokens of batch requests that ended

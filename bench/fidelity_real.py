@@ -17,9 +17,9 @@ from dataclasses import dataclass, field, replace
 
 from bench.chat_load import ChatLoadSpec, model_text
 from bench.chat_thread import ChatLoadThread
-from bench.engine_itl import EngineItlRecorder, EngineItlSeries
 from scheduler.records import RequestRecord
 from serving.client import BATCH_PRIORITY, StreamingClient
+from serving.engine_itl import EngineItlRecorder, EngineItlSeries
 
 
 @dataclass(frozen=True)

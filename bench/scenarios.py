@@ -11,7 +11,7 @@ noisy for numbers taken at different times to be compared:
 
 Each scenario is a run of its own under `results/runs/`, with chat and batch records side by side,
 so the warehouse and the report can compare them. Chat ITL is judged from the engine's own
-histogram, scraped every second through the scenario (bench/engine_itl.py says why); the client's
+histogram, scraped every second through the scenario (serving/engine_itl.py says why); the client's
 streamed gaps are reported beside it.
 """
 
@@ -23,7 +23,6 @@ from pathlib import Path
 
 from bench.chat_load import ChatLoadSpec
 from bench.chat_thread import ChatLoadThread
-from bench.engine_itl import EngineItlRecorder, EngineItlSeries
 from bench.scoring import (
     batch_throughput,
     bound_tokens_per_s,
@@ -31,11 +30,18 @@ from bench.scoring import (
     chat_latency,
     window_verdicts,
 )
-from bench.verdicts import pick_static, slo_from_chat_only, step_chunk_cap, summary
+from bench.verdicts import (
+    itl_floor_ms,
+    pick_static,
+    slo_from_chat_only,
+    step_chunk_cap,
+    summary,
+)
 from pipelines.config import PipelineConfig
 from pipelines.job import JobSpec, run_job
 from scheduler.records import RequestRecord
 from scheduler.slo import SLO
+from serving.engine_itl import EngineItlRecorder, EngineItlSeries
 
 SCENARIOS = ("chat-only", "uncontrolled", "static", "controlled")
 
@@ -91,7 +97,8 @@ def run_scenarios(cfg: BenchConfig, replicas: list[tuple[str, str]], model: str,
         warm = replace(cfg, duration_s=cfg.warmup_s)
         _with_batch(warm, "warmup", replicas, model, tokenizer, SLO(), "none")
     baseline = _chat_only(cfg, replicas, model, tokenizer)
-    slo = cfg.slo or derive_slo(baseline, cfg.slo_factor, cfg.window_s)
+    floor = engine_itl_floor_ms(cfg)
+    slo = cfg.slo or derive_slo(baseline, cfg.slo_factor, cfg.window_s, floor)
     if cfg.slo is None and cfg.fixed_ttft_slo_ms is not None:
         slo = slo.model_copy(update={"chat_ttft_p99_ms": cfg.fixed_ttft_slo_ms})
     if "chat-only" in cfg.scenarios:
@@ -117,17 +124,41 @@ def run_scenarios(cfg: BenchConfig, replicas: list[tuple[str, str]], model: str,
     out = {
         "scenarios": scored,
         "slo": slo.model_dump(),
+        "slo_basis": {
+            "given": cfg.slo is not None,
+            "chat_only_factor": cfg.slo_factor,
+            "itl_floor_ms": floor,
+            "fixed_ttft_ms": cfg.fixed_ttft_slo_ms,
+        },
         "run_ids": {n: r.run_id for n, r in {**runs, **sweep}.items()},
     }
     out["summary"] = summarize(scored, cfg, runs.get("controlled") or baseline, slo)
     return out
 
 
-def derive_slo(chat_only: ScenarioRun, factor: float, window_s: float) -> SLO:
-    """The SLO for this CPU: `factor` × the p99s of chat alone (written into OUT.json)."""
+def derive_slo(
+    chat_only: ScenarioRun, factor: float, window_s: float, itl_floor_ms: float = 0.0
+) -> SLO:
+    """The SLO for this CPU: `factor` × the p99s of chat alone, ITL no tighter than two full engine
+    steps (written into OUT.json). Chat alone's ITL p99 on this host is a decode step or two and
+    swings 2× between runs (3.9 to 13 ms); 3× its low end is under one full step, and which static
+    caps hold such an SLO is then decided by the chat-only run's luck."""
     return slo_from_chat_only(
-        chat_latency(chat_only.chat, _engine_quantiles(chat_only)), factor, window_s
+        chat_latency(chat_only.chat, _engine_quantiles(chat_only)), factor, window_s, itl_floor_ms
     )
+
+
+def engine_itl_floor_ms(cfg: BenchConfig) -> float:
+    """`bench.verdicts.itl_floor_ms` for the bench's engine and latency model; 0 when the engine
+    prefills whole prompts in one step (no step budget to price)."""
+    from scheduler.controller import engine_step_tokens
+    from scheduler.latency_model import LatencyModel
+    from serving.engine_config import load_engine_config
+
+    step = engine_step_tokens(load_engine_config(cfg.engine_config).vllm)
+    if step is None:
+        return 0.0
+    return itl_floor_ms(LatencyModel.from_json(cfg.latency_model), step)
 
 
 def score(run: ScenarioRun, slo: SLO) -> dict:
@@ -174,7 +205,7 @@ def _chat_only(cfg: BenchConfig, replicas, model, tokenizer) -> ScenarioRun:
     with EngineItlRecorder(replicas) as engine:
         t0 = time.time()
         chat = ChatLoadThread(replicas, model, tokenizer, _chat_spec(cfg), run_id).start().join()
-    _write_chat_only(cfg, run_id, chat)
+    _write_chat_only(cfg, run_id, chat, engine.series)
     return ScenarioRun(
         "chat-only", run_id, t0, t0 + cfg.duration_s, chat.records, [], engine_itl=engine.series
     )
@@ -244,7 +275,7 @@ def _with_batch(
 
 def _gate_sensor(slo: SLO) -> dict:
     """What the Gate reads: the statistics this bench judges, so the controller acts on the SLO's
-    own verdict. ITL from the engine's histogram (see bench/engine_itl.py), TTFT from the chat
+    own verdict. ITL from the engine's histogram (see serving/engine_itl.py), TTFT from the chat
     client (the engine's TTFT mixes in batch prompts), both over a sliding SLO window."""
     return {"kind": "vllm", "report_ttft": False, "itl": "engine", "window_s": slo.window_s}
 
@@ -257,19 +288,21 @@ def _gap_row(g) -> dict:
     return {"request_id": g.request_id, "idx": g.idx, "gap_s": g.gap_s, "t": g.t}
 
 
-def _write_chat_only(cfg: BenchConfig, run_id: str, chat) -> None:
+def _write_chat_only(cfg: BenchConfig, run_id: str, chat, engine_itl: EngineItlSeries) -> None:
     from bench.chat_results import write_run
     from serving.engine_config import load_engine_config
-    from warehouse.run_files import run_dir
+    from warehouse.run_files import run_dir, write_table
 
     engine = load_engine_config(cfg.engine_config)
+    directory = run_dir(cfg.results, run_id)
     write_run(
-        run_dir(cfg.results, run_id),
+        directory,
         chat,
         engine_config=engine.name,
         hourly_usd=engine.hardware.hourly_usd,
         hardware_count=engine.hardware.count,
     )
+    write_table(directory, "engine_itl", engine_itl.rows(run_id), run_id=run_id, part="engine")
 
 
 def bench_paths(results: str | Path, bench_id: str) -> Path:

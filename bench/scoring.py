@@ -5,7 +5,7 @@ over requests. A window holds the SLO when its chat ITL p99 and TTFT p99 are wit
 chat request failed in it; goodput counts batch tokens of requests that ended in such windows.
 
 ITL can come from two places: the client's streamed gaps, or the engine's own histogram (see
-bench/engine_itl.py for why the engine's is the one to judge by on a small shared host). Functions
+serving/engine_itl.py for why the engine's is the one to judge by on a small shared host). Functions
 that judge ITL take an optional `engine_itl(t0, t1) -> p99 ms`; without it they use the gaps.
 """
 

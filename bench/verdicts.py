@@ -11,8 +11,11 @@ from scheduler.slo import SLO
 from scheduler.step import PrefillChunk, StepBatch, StepTimeModel
 
 
-def slo_from_chat_only(chat: dict, factor: float, window_s: float) -> SLO:
-    """`factor` × chat-only's ITL and TTFT p99s (`chat` is a scored scenario's "chat")."""
+def slo_from_chat_only(
+    chat: dict, factor: float, window_s: float, itl_floor_ms: float = 0.0
+) -> SLO:
+    """`factor` × chat-only's ITL and TTFT p99s (`chat` is a scored scenario's "chat"), the ITL no
+    tighter than `itl_floor_ms` (see `itl_floor_ms`)."""
     itl, ttft = chat["itl_ms"]["p99"], chat["ttft_ms"]["p99"]
     if itl is None or ttft is None:
         raise ValueError(
@@ -20,7 +23,7 @@ def slo_from_chat_only(chat: dict, factor: float, window_s: float) -> SLO:
             "replica serves and the chat rate is above 0, or give --itl-slo-ms and --ttft-slo-ms"
         )
     return SLO(
-        chat_itl_p99_ms=round(itl * factor, 1),
+        chat_itl_p99_ms=max(round(itl * factor, 1), itl_floor_ms),
         chat_ttft_p99_ms=round(ttft * factor, 1),
         window_s=window_s,
     )

@@ -26,6 +26,7 @@ from pipelines.run_store import RunStore
 from scheduler.controller import ControllerConfig
 from scheduler.slo import SLO
 from serving.engine_config import EngineConfig, load_engine_config
+from serving.engine_itl import EngineItlRecorder
 from warehouse.run_files import RunMeta
 
 log = logging.getLogger("nightshift.job")
@@ -49,7 +50,8 @@ class JobSpec:
     static_caps: tuple[int, int] = (4, 2048)
     sensor: dict | None = None
     """The Gate's sensor spec (`pipelines.gate_setup.build_sensor`); None reads each replica's
-    `/metrics` with p99s sliding over the SLO's window, the span the SLO is judged over."""
+    `/metrics` with p99s sliding over the SLO's window, the span the SLO is judged over, and ITL
+    from the engine's histogram, the figure the run's windows are judged by."""
     interval_s: float = 2.0
     metrics_port: int | None = None
     gate_metrics_port: int | None = None
@@ -110,19 +112,22 @@ def run_job(spec: JobSpec) -> JobResult:
     gate = _start_gate(spec, engine)
     totals, problems = {"done": 0, "failed": 0, "stopped": 0, "tokens": 0}, []
     deadline = None
+    itl = EngineItlRecorder(spec.replicas)
     try:
-        if todo.num_rows:
-            tokenized, problems = _tokenize_and_judge(ray, todo, spec)
-            store.write_rejections(problems)
-            if spec.on_summarize_start is not None:
-                spec.on_summarize_start()
-            deadline = _stop_later(gate, spec.stop_after_s)
-            totals = _summarize(ray, tokenized, spec, store, gate, metrics)
+        with itl:
+            if todo.num_rows:
+                tokenized, problems = _tokenize_and_judge(ray, todo, spec)
+                store.write_rejections(problems)
+                if spec.on_summarize_start is not None:
+                    spec.on_summarize_start()
+                deadline = _stop_later(gate, spec.stop_after_s)
+                totals = _summarize(ray, tokenized, spec, store, gate, metrics)
         store.write_decisions(ray.get(gate.decision_rows.remote()))
     finally:
         if deadline is not None:
             deadline.cancel()
         _stop_gate(ray, gate)
+        store.write_engine_itl(itl.series.rows(spec.run_id))
     store.finish(meta)
     if spec.pushgateway:
         metrics.push(spec.pushgateway)
@@ -175,7 +180,9 @@ def _init_ray():
 def _start_gate(spec: JobSpec, engine: EngineConfig):
     from pipelines.gate import start_gate
 
-    sensor = spec.sensor or {"kind": "vllm", "window_s": spec.slo.window_s}
+    # ITL from the engine's histogram even where chat streams its gaps to the Gate: that is what
+    # the run's SLO windows are judged by (sql/slo_windows.sql), and client gaps carry host noise.
+    sensor = spec.sensor or {"kind": "vllm", "window_s": spec.slo.window_s, "itl": "engine"}
     return start_gate(
         spec.run_id,
         spec.replicas,

@@ -119,6 +119,12 @@ class RunStore:
         if rows:
             self._part("decisions", rows)
 
+    def write_engine_itl(self, rows: list[dict]) -> None:
+        """The replicas' ITL histogram through one attempt (`serving.engine_itl`): the morning
+        report judges chat ITL by it, since in production nightshift never sees chat's tokens."""
+        if rows:
+            self._part("engine_itl", rows)
+
     def finish(self, meta: RunMeta) -> RunMeta:
         """Compact the documents table and stamp the end time."""
         self._compact_documents()

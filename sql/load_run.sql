@@ -23,5 +23,8 @@ LEFT JOIN (
     SELECT request_id, any_value(class) AS class FROM requests WHERE run_id = $run_id GROUP BY request_id
 ) q USING (request_id);
 
+DELETE FROM engine_itl WHERE run_id = $run_id;
+INSERT INTO engine_itl BY NAME SELECT * FROM incoming_engine_itl;
+
 DELETE FROM decisions WHERE run_id = $run_id;
 INSERT INTO decisions BY NAME SELECT * FROM incoming_decisions;

@@ -5,4 +5,5 @@ SELECT
     (SELECT count(*) FROM summaries WHERE run_id = $run_id) AS summaries,
     (SELECT count(*) FROM requests WHERE run_id = $run_id) AS requests,
     (SELECT count(*) FROM token_gaps WHERE run_id = $run_id) AS token_gaps,
-    (SELECT count(*) FROM decisions WHERE run_id = $run_id) AS decisions;
+    (SELECT count(*) FROM decisions WHERE run_id = $run_id) AS decisions,
+    (SELECT count(*) FROM engine_itl WHERE run_id = $run_id) AS engine_itl;

@@ -71,6 +71,19 @@ CREATE TABLE IF NOT EXISTS token_gaps (
     class VARCHAR               -- the request's class, filled in on load (NULL: no such request)
 );
 
+-- The replicas' own ITL histogram, as scraped through the run: between scrapes t0 and t1, `count`
+-- token gaps of any sequence fell in the bucket (le_low, le] seconds (le = +inf for the last). Runs
+-- that recorded it judge chat ITL by it (engine_windows); the others by the streamed token_gaps.
+CREATE TABLE IF NOT EXISTS engine_itl (
+    run_id VARCHAR NOT NULL,
+    replica VARCHAR NOT NULL,
+    t0 DOUBLE NOT NULL,
+    t1 DOUBLE NOT NULL,
+    le_low DOUBLE NOT NULL,
+    le DOUBLE NOT NULL,
+    count BIGINT NOT NULL
+);
+
 CREATE TABLE IF NOT EXISTS decisions (
     run_id VARCHAR NOT NULL,
     t DOUBLE NOT NULL,

@@ -17,7 +17,7 @@ NAME_PATTERN = re.compile(r"^[a-z][a-z0-9_]*$")
 
 # Views in dependency order: each may read only the tables and the views before it. The first three
 # are base views over raw rows, used by the loader's rollups; the others are what reports read.
-BASE_VIEWS: tuple[str, ...] = ("run_clock", "request_times", "gap_times")
+BASE_VIEWS: tuple[str, ...] = ("run_clock", "request_times", "gap_times", "engine_windows")
 VIEWS: tuple[str, ...] = (
     *BASE_VIEWS,
     "slo_windows",

@@ -84,6 +84,18 @@ DECISIONS = pa.schema(
     ]
 )
 
+ENGINE_ITL = pa.schema(
+    [
+        ("run_id", pa.string()),
+        ("replica", pa.string()),
+        ("t0", pa.float64()),
+        ("t1", pa.float64()),
+        ("le_low", pa.float64()),
+        ("le", pa.float64()),
+        ("count", pa.int64()),
+    ]
+)
+
 # Tables a run directory holds as Parquet, in load order; `runs` comes from run.json instead.
 RUN_TABLES: dict[str, pa.Schema] = {
     "documents": DOCUMENTS,
@@ -91,6 +103,7 @@ RUN_TABLES: dict[str, pa.Schema] = {
     "requests": REQUESTS,
     "token_gaps": TOKEN_GAPS,
     "decisions": DECISIONS,
+    "engine_itl": ENGINE_ITL,
 }
 
 # Columns every row must carry; any other column a producer leaves out is stored as null.
@@ -100,4 +113,5 @@ REQUIRED: dict[str, frozenset[str]] = {
     "requests": frozenset({"run_id", "request_id", "class", "stage", "replica", "t_submit"}),
     "token_gaps": frozenset({"run_id", "request_id", "idx", "gap_s", "t"}),
     "decisions": frozenset({"run_id", "t", "replica", "batch_seats", "chunk_tokens"}),
+    "engine_itl": frozenset({"run_id", "replica", "t0", "t1", "le_low", "le", "count"}),
 }

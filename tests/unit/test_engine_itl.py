@@ -2,10 +2,10 @@
 
 import pytest
 
-from bench.engine_itl import EngineItlSeries, itl_histogram
 from bench.scoring import chat_latency, window_verdicts
 from scheduler.records import RequestRecord
 from scheduler.slo import SLO
+from serving.engine_itl import EngineItlSeries, itl_histogram
 from serving.metrics import Histogram
 
 BOUNDS = (0.01, 0.05, 0.2, float("inf"))

@@ -20,6 +20,7 @@ from warehouse.queries import VIEWS, rows, view
 from warehouse.run_files import RunMeta, run_dir, write_meta, write_table
 
 RUN = "sample"
+ENGINE_RUN = "sample-engine"
 T0 = 1000.0
 
 
@@ -177,6 +178,7 @@ def warehouse(tmp_path_factory):
     results = tmp_path_factory.mktemp("results")
     records = write_sample_run(results)
     write_sample_run(results, "sample-e2e", slo={"chat_e2e_p99_ms": 100.0})
+    write_engine_run(results, ENGINE_RUN)
     load_results(results)
     load_results(results)  # twice: a reload must replace, never duplicate
     con = connect(db_path(results), read_only=True)
@@ -305,7 +307,7 @@ def test_report_queries(warehouse) -> None:
     ]
     assert [r["window_idx"] for r in rows(con, "report_windows", run_id=RUN)] == [0, 1, 2]
     assert [r["class"] for r in rows(con, "report_latency", run_id=RUN)] == ["chat", "batch"]
-    assert rows(con, "latest_run")[0]["run_id"] in {RUN, "sample-e2e"}
+    assert rows(con, "latest_run")[0]["run_id"] in {RUN, "sample-e2e", ENGINE_RUN}
 
 
 def test_times_outside_the_run_fall_into_its_first_and_last_window(tmp_path) -> None:
@@ -333,3 +335,54 @@ def test_times_outside_the_run_fall_into_its_first_and_last_window(tmp_path) -> 
         (1, 0, 0),
         (2, 1, 2),
     ]
+
+
+def engine_series():
+    """r0 and r1 scraped at each window's end: window 0 all fast, window 1 fast but for 5% in
+    (10, 50] ms, window 2 a fifth in (50, 200] ms."""
+    from serving.engine_itl import EngineItlSeries
+    from serving.metrics import Histogram
+
+    bounds = (0.01, 0.05, 0.2, float("inf"))
+
+    def cum(*per_bucket: int) -> Histogram:
+        totals = np.cumsum(per_bucket).astype(float)
+        return Histogram(bounds, tuple(totals), float(totals[-1]), 0.0)
+
+    series = EngineItlSeries()
+    for replica in ("r0", "r1"):
+        series.add(replica, T0 - 0.5, cum(0, 0, 0, 0))
+        series.add(replica, T0 + 9.5, cum(200, 0, 0, 0))
+        series.add(replica, T0 + 19.5, cum(390, 10, 0, 0))
+        series.add(replica, T0 + 29.5, cum(390, 10, 100, 0))
+    return series
+
+
+def write_engine_run(results: Path, run_id: str):
+    write_sample_run(results, run_id)
+    series = engine_series()
+    write_table(run_dir(results, run_id), "engine_itl", series.rows(run_id), run_id=run_id)
+    return series
+
+
+def test_engine_itl_judges_chat_windows_where_recorded(warehouse) -> None:
+    con, _ = warehouse
+    series = engine_series()
+    chat = {
+        r["window_idx"]: r
+        for r in view_rows(con, "slo_windows", ENGINE_RUN)
+        if r["class"] == "chat"
+    }
+    engine = {r["window_idx"]: r for r in view_rows(con, "engine_windows", ENGINE_RUN)}
+    spans = [(T0 - 0.5, T0 + 9.5), (T0 + 9.5, T0 + 19.5), (T0 + 19.5, T0 + 29.5)]
+    for w, (a, b) in enumerate(spans):
+        assert engine[w]["itl_p99_ms"] == pytest.approx(series.quantile_ms(a, b, 0.99)), w
+        assert chat[w]["itl_source"] == "engine"
+        assert chat[w]["itl_p99_ms"] == pytest.approx(engine[w]["itl_p99_ms"])
+    assert engine[0]["itl_observations"] == 400
+    # window 1: the client saw 100 ms gaps, the engine 5% of steps in (10, 50] ms: held
+    assert chat[1]["client_itl_p99_ms"] == pytest.approx(100.0)
+    assert [chat[w]["slo_met"] for w in range(3)] == [True, True, False]
+    # a run without the histogram is judged by its streamed gaps
+    plain = [r for r in view_rows(con, "slo_windows") if r["class"] == "chat"]
+    assert {r["itl_source"] for r in plain} == {"client"}

@@ -62,6 +62,30 @@ class EngineItlSeries:
     def quantiles_ms(self, t0: float, t1: float) -> dict[str, float | None]:
         return {f"p{q}": self.quantile_ms(t0, t1, q / 100) for q in (50, 95, 99)}
 
+    def rows(self, run_id: str) -> list[dict]:
+        """The series as `engine_itl` rows for the warehouse: per replica and scrape interval, the
+        gaps that fell in each bucket (empty buckets left out), so SQL can judge any window."""
+        out = []
+        for replica, series in self.samples.items():
+            for (t0, before), (t1, after) in zip(series, series[1:], strict=False):
+                delta = histogram_delta(after, before)
+                low, below = 0.0, 0.0
+                for le, cum in zip(delta.bounds, delta.cumulative, strict=True):
+                    if cum > below:
+                        out.append(
+                            {
+                                "run_id": run_id,
+                                "replica": replica,
+                                "t0": t0,
+                                "t1": t1,
+                                "le_low": low,
+                                "le": le,
+                                "count": round(cum - below),
+                            }
+                        )
+                    low, below = le, cum
+        return out
+
 
 def _at_or_before(series: list[tuple[float, Histogram]], t: float) -> Histogram | None:
     found = None
