@@ -14,7 +14,7 @@ import pytest
 
 from pipelines.config import PipelineConfig
 from pipelines.corpus_maker import CorpusSpec, make_corpus
-from pipelines.job import JobSpec, run_job
+from pipelines.job import JobSpec, _init_ray, run_job
 from pipelines.run_store import RunMismatch
 from serving.engine_config import load_engine_config
 from serving.launcher import ReplicaSet
@@ -62,6 +62,14 @@ def two_replicas(tmp_path_factory):
     config = load_engine_config(TINY)
     with replicas.running(config, str(TINY), free_port_block(2), count=2) as started:
         yield started
+
+
+@pytest.fixture(scope="module", autouse=True)
+def ray_from_the_main_thread():
+    """Start Ray here, not in the job thread of the kill test: Ray's GCS and raylet die with the
+    thread that started them (Linux PDEATHSIG is per thread), and the next test would wait a minute
+    for a GCS that is gone, then exit. A flow or CLI starts Ray from its main thread."""
+    _init_ray()
 
 
 def test_replica_killed_mid_run_loses_no_document(two_replicas, tmp_path: Path) -> None:
