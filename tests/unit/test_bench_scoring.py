@@ -5,7 +5,7 @@ from bench.scoring import (
     chat_latency,
     window_verdicts,
 )
-from bench.verdicts import itl_floor_ms, pick_static
+from bench.verdicts import itl_floor_ms, pick_static, slo_from_chat_only
 from scheduler.latency_model import LatencyModel
 from scheduler.records import RequestRecord
 from scheduler.slo import SLO
@@ -81,3 +81,13 @@ def test_itl_floor_is_two_full_steps_and_grows_with_the_step() -> None:
     # 512 prefill tokens + 1 decode token at 10 µs each, plus 2 ms overhead, twice.
     assert itl_floor_ms(model, 512) == round(2 * (513 * 1e-5 + 0.002) * 1000, 1)
     assert itl_floor_ms(model, 256) < itl_floor_ms(model, 512)
+
+
+def test_a_derived_itl_slo_is_no_tighter_than_its_floor() -> None:
+    chat = {"itl_ms": {"p99": 4.0}, "ttft_ms": {"p99": 30.0}}
+    assert slo_from_chat_only(chat, 3.0, 15.0).chat_itl_p99_ms == 12.0
+    floored = slo_from_chat_only(chat, 3.0, 15.0, itl_floor_ms=18.2)
+    assert floored.chat_itl_p99_ms == 18.2 and floored.chat_ttft_p99_ms == 90.0
+    # a slower chat-only run sets it above the floor
+    chat["itl_ms"]["p99"] = 8.0
+    assert slo_from_chat_only(chat, 3.0, 15.0, itl_floor_ms=18.2).chat_itl_p99_ms == 24.0
