@@ -266,15 +266,12 @@ class SLOController:
         """Back off at once. ITL suffers from big prefill steps, so the chunk is cut with the seats;
         TTFT suffers from chat queueing behind batch, which fewer seats relieve."""
         cfg = self.config
-        at_floor = state.seats <= cfg.min_seats
         state.seats = feedback.cut(state.seats, cfg.cut_factor, cfg.min_seats)
         used = min(state.chunk_cap, state.last_chunk or state.chunk_cap)
         # A prompt longer than one engine step is prefilled in steps of that size: shortening it
-        # mostly relieves no step (and in map-reduce lengthens the reduce prompt), so it keeps its
-        # size while seats can still be cut. With seats at their floor it is the one lever left,
-        # and a shorter section does end its prefill at a shallower, cheaper position.
+        # relieves no step (and in map-reduce lengthens the reduce prompt), so it keeps its size.
         one_step = cfg.engine_step_tokens is None or used <= cfg.engine_step_tokens
-        if chunk_too and (one_step or at_floor):
+        if chunk_too and one_step:
             g = cfg.chunk_granularity
             state.chunk_cap = feedback.cut(used, cfg.cut_factor, cfg.min_chunk_tokens, g)
         state.slack_streak = 0

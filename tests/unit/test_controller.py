@@ -354,24 +354,13 @@ def test_a_p99_near_the_slo_already_counts_as_a_violation():
     assert d.reason == "itl-violation" and d.batch_seats < seats
 
 
-def test_an_itl_cut_keeps_a_chunk_longer_than_one_engine_step_while_seats_can_go():
-    c = SLOController(SLO_50, MODEL, STEPPED.model_copy(update={"cold_start_seats": 4}))
-    c.decide(obs(0.0, in_flight=4, chat_itl_p99_s=0.02))
-    chunk = c.states["r0"].chunk_cap
-    assert chunk > ENGINE_STEP
-    c.decide(obs(5.0, in_flight=4, chat_itl_p99_s=0.08))
-    assert c.states["r0"].seats < 4
-    assert c.states["r0"].chunk_cap == chunk  # shorter sections would mostly relieve no step
-
-
-def test_an_itl_cut_at_the_seat_floor_shortens_a_multi_step_chunk():
+def test_an_itl_cut_keeps_a_chunk_longer_than_one_engine_step():
     c = SLOController(SLO_50, MODEL, STEPPED)
     c.decide(obs(0.0, in_flight=1, chat_itl_p99_s=0.02))
     chunk = c.states["r0"].chunk_cap
-    assert chunk > ENGINE_STEP and c.states["r0"].seats == STEPPED.min_seats
-    d = c.decide(obs(5.0, in_flight=1, chat_itl_p99_s=0.08))
-    # No seat left to give up: the section is the lever, and its last step starts shallower.
-    assert d.reason == "itl-violation" and c.states["r0"].chunk_cap < chunk
+    assert chunk > ENGINE_STEP
+    c.decide(obs(5.0, in_flight=1, chat_itl_p99_s=0.08))
+    assert c.states["r0"].chunk_cap == chunk  # shorter sections would relieve no step
 
 
 def test_slack_bands_must_sit_below_the_cut():
