@@ -31,7 +31,7 @@ from bench.scoring import (
     window_verdicts,
 )
 from bench.verdicts import (
-    itl_floor_ms,
+    engine_itl_floor_ms,
     pick_static,
     slo_from_chat_only,
     step_chunk_cap,
@@ -97,7 +97,7 @@ def run_scenarios(cfg: BenchConfig, replicas: list[tuple[str, str]], model: str,
         warm = replace(cfg, duration_s=cfg.warmup_s)
         _with_batch(warm, "warmup", replicas, model, tokenizer, SLO(), "none")
     baseline = _chat_only(cfg, replicas, model, tokenizer)
-    floor = engine_itl_floor_ms(cfg)
+    floor = _itl_floor_ms(cfg)
     slo = cfg.slo or derive_slo(baseline, cfg.slo_factor, cfg.window_s, floor)
     if cfg.slo is None and cfg.fixed_ttft_slo_ms is not None:
         slo = slo.model_copy(update={"chat_ttft_p99_ms": cfg.fixed_ttft_slo_ms})
@@ -148,17 +148,12 @@ def derive_slo(
     )
 
 
-def engine_itl_floor_ms(cfg: BenchConfig) -> float:
-    """`bench.verdicts.itl_floor_ms` for the bench's engine and latency model; 0 when the engine
-    prefills whole prompts in one step (no step budget to price)."""
-    from scheduler.controller import engine_step_tokens
+def _itl_floor_ms(cfg: BenchConfig) -> float:
     from scheduler.latency_model import LatencyModel
     from serving.engine_config import load_engine_config
 
-    step = engine_step_tokens(load_engine_config(cfg.engine_config).vllm)
-    if step is None:
-        return 0.0
-    return itl_floor_ms(LatencyModel.from_json(cfg.latency_model), step)
+    engine = load_engine_config(cfg.engine_config)
+    return engine_itl_floor_ms(LatencyModel.from_json(cfg.latency_model), engine.vllm)
 
 
 def score(run: ScenarioRun, slo: SLO) -> dict:

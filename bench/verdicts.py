@@ -7,6 +7,10 @@ Pure: scored dictionaries in, figures out.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
+from scheduler.controller import engine_step_tokens
 from scheduler.slo import SLO
 from scheduler.step import PrefillChunk, StepBatch, StepTimeModel
 
@@ -38,6 +42,13 @@ def itl_floor_ms(model: StepTimeModel, step_tokens: int, chat_context_tokens: in
     from it alone would pin the controller at its floor and judge every window failed."""
     step = StepBatch((PrefillChunk(step_tokens, 0),), 1, chat_context_tokens)
     return round(2 * model.step_seconds(step) * 1000, 1)
+
+
+def engine_itl_floor_ms(model: StepTimeModel, engine_flags: Mapping[str, Any]) -> float:
+    """`itl_floor_ms` at the step budget of an engine config's `vllm:` flags; 0 when the engine
+    prefills whole prompts in one step (no step budget to price)."""
+    step = engine_step_tokens(engine_flags)
+    return 0.0 if step is None else itl_floor_ms(model, step)
 
 
 def holds(s: dict) -> bool:

@@ -25,10 +25,9 @@ def main() -> int:
     from bench.chat_sessions import ChatShape
     from bench.chat_thread import ChatLoadThread
     from bench.scoring import chat_latency
-    from bench.verdicts import itl_floor_ms, slo_from_chat_only
+    from bench.verdicts import engine_itl_floor_ms, slo_from_chat_only
     from flows.nightly import default_pipeline, nightly_summarization
     from pipelines.corpus_maker import CorpusSpec, make_corpus, write_corpus
-    from scheduler.controller import engine_step_tokens
     from scheduler.latency_model import LatencyModel
     from serving.engine_config import load_engine_config
     from serving.launcher import ReplicaSet
@@ -56,7 +55,7 @@ def main() -> int:
             f"{run_id}-alone",
         )
         baseline = chat_latency(alone.start().join().records)
-        floor = itl_floor_ms(LatencyModel.from_json(FIT), engine_step_tokens(config.vllm) or 512)
+        floor = engine_itl_floor_ms(LatencyModel.from_json(FIT), config.vllm)
         slo = slo_from_chat_only(baseline, factor=3.0, window_s=15.0, itl_floor_ms=floor)
         if slo.chat_itl_p99_ms == floor:
             print(
