@@ -121,7 +121,7 @@ def run_job(spec: JobSpec) -> JobResult:
                 if spec.on_summarize_start is not None:
                     spec.on_summarize_start()
                 deadline = _stop_later(gate, spec.stop_after_s)
-                totals = _summarize(ray, tokenized, spec, store, gate, metrics)
+                totals = _summarize(ray, tokenized, spec, engine, store, gate, metrics)
         store.write_decisions(ray.get(gate.decision_rows.remote()))
     finally:
         if deadline is not None:
@@ -255,7 +255,9 @@ def _tokenize_and_judge(ray, corpus: pa.Table, spec: JobSpec):
     return accepted, problems
 
 
-def _summarize(ray, tokenized, spec: JobSpec, store: RunStore, gate, metrics: RunMetrics) -> dict:
+def _summarize(
+    ray, tokenized, spec: JobSpec, engine: EngineConfig, store: RunStore, gate, metrics: RunMetrics
+) -> dict:
     from pipelines.workers import Summarize
 
     docs = tokenized.select_columns(["doc_id", "token_ids"]).materialize()
@@ -278,7 +280,10 @@ def _summarize(ray, tokenized, spec: JobSpec, store: RunStore, gate, metrics: Ru
         batch_size=1,
         num_cpus=0.25,
         compute=ray.data.ActorPoolStrategy(
-            size=cfg.actors, max_concurrent_calls_per_actor=cfg.docs_per_actor
+            size=cfg.actors,
+            max_concurrent_calls_per_actor=cfg.docs_per_actor_for(
+                len(spec.replicas), engine.sequence_slots
+            ),
         ),
     )
     with RunProgress(total, enabled=spec.show_progress) as progress:

@@ -113,6 +113,12 @@ class EngineConfig(BaseModel):
         """The value of engine flag `key` (dash form), or `default`."""
         return self.vllm.get(key, default)
 
+    @property
+    def sequence_slots(self) -> int:
+        """Most sequences the engine runs at once (`max-num-seqs`). Unset, vLLM picks by device
+        (128 to 1024); 256, its default on most GPUs, stands in: set the flag to be exact."""
+        return int(self.flag("max-num-seqs", 256))
+
 
 def render_flags(flags: dict[str, FlagValue]) -> list[str]:
     """Engine flags as argv. Booleans are always explicit: `--x` for true, `--no-x` for false, so a

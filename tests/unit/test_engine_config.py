@@ -108,3 +108,9 @@ def test_controller_tuning_is_validated_with_its_key_named(tmp_path: Path) -> No
         load_engine_config(write(tmp_path, minimal() | {"controller": {"hedroom": 0.5}}))
     with pytest.raises(EngineConfigError, match=r"controller\.headroom"):
         load_engine_config(write(tmp_path, minimal() | {"controller": {"headroom": 2}}))
+
+
+def test_sequence_slots_read_max_num_seqs_or_stand_in(tmp_path: Path) -> None:
+    doc = minimal() | {"vllm": {"max-num-seqs": 32}}
+    assert load_engine_config(write(tmp_path, doc)).sequence_slots == 32
+    assert load_engine_config(write(tmp_path, minimal())).sequence_slots == 256
