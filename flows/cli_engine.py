@@ -58,14 +58,14 @@ def up(
     state_dir: Path = StateDir,
 ) -> None:
     """Start replicas and wait until every one answers /health."""
-    from serving.launcher import EngineStartError, ReplicaSet, engine_argv
+    from serving.launcher import EngineStartError, ReplicaSet, engine_argv, engine_env
     from serving.paths import SetupError
 
     config = load_config_or_exit(config_path)
     try:
         if dry_run:
             for i in range(replicas):
-                env = " ".join(f"{k}={shlex.quote(v)}" for k, v in config.env.items())
+                env = " ".join(f"{k}={shlex.quote(v)}" for k, v in engine_env(config, {}).items())
                 typer.echo(f"{env} {shlex.join(engine_argv(config, port + i, host))}".strip())
             return
         started = ReplicaSet(state_dir).up(config, str(config_path), port, replicas, host, timeout)

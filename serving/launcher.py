@@ -23,7 +23,7 @@ import signal
 import socket
 import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -34,6 +34,8 @@ from serving.engine_config import EngineConfig, render_flags
 from serving.paths import engine_python
 
 ENGINE_MODULE = "vllm.entrypoints.openai.api_server"
+ENGINE_SITE = Path(__file__).resolve().parent / "engine_site"
+SHM_NAP_ENV = "NIGHTSHIFT_SHM_WAIT_NAP_US"
 LOG_TAIL_LINES = 40
 
 
@@ -64,6 +66,18 @@ def model_location(config: EngineConfig) -> str:
     if config.model.local_name:
         return str(local_models.resolve(config.model.local_name))
     return config.model.path
+
+
+def engine_env(config: EngineConfig, base: Mapping[str, str]) -> dict[str, str]:
+    """What a replica's environment adds to `base`: the config's `env`, and, when that sets
+    `NIGHTSHIFT_SHM_WAIT_NAP_US`, `engine_site/` in front of PYTHONPATH so that every process of
+    the replica naps instead of spinning while it waits on the engine's queue (that directory's
+    sitecustomize.py says why)."""
+    env = dict(config.env)
+    if env.get(SHM_NAP_ENV):
+        rest = env.get("PYTHONPATH", base.get("PYTHONPATH", ""))
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ENGINE_SITE), rest) if p)
+    return env
 
 
 def engine_argv(config: EngineConfig, port: int, host: str = "127.0.0.1") -> list[str]:
@@ -165,7 +179,7 @@ class ReplicaSet:
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
-                env={**os.environ, **config.env},
+                env={**os.environ, **engine_env(config, os.environ)},
                 process_group=0,
                 preexec_fn=_die_with_parent if tie_to_caller and _on_main_thread() else None,
             )

@@ -74,3 +74,11 @@ def test_replica_has_its_own_group_in_the_callers_session(tiny_replica) -> None:
 
     assert os.getpgid(tiny_replica.pid) == tiny_replica.pid
     assert os.getsid(tiny_replica.pid) == os.getsid(0)
+
+
+def test_replica_processes_nap_instead_of_spinning(tiny_replica) -> None:
+    """cpu-tiny asks for the shared-memory nap (serving/engine_site): the real vLLM module still
+    has what the hook patches, in the API server, the engine core and the worker alike."""
+    with open(tiny_replica.log, encoding="utf-8", errors="replace") as log:
+        patched = [line for line in log if "device_communicators.shm_broadcast waits nap" in line]
+    assert len(patched) >= 2, "the engine core and its worker should both report the nap"
