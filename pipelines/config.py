@@ -64,7 +64,7 @@ class PipelineConfig(BaseModel):
         A document's sections go one after another, so the documents in flight bound the batch
         requests in flight: with fewer of them than the seats the Gate opens, the pool, not the
         SLO, caps batch throughput. (On `cpu-small` eight documents in flight held batch to eight
-        seats; sixteen seats of the same size made nearly twice the tokens at the same ITL p99.)
+        seats; sixteen seats of the same size made 1.8× the tokens, at no worse ITL p99.)
         The engine never runs more than its slots, so that many per replica is always enough;
         documents beyond the seats wait at the Gate at the cost of their token ids in memory."""
         if self.docs_per_actor is not None:
