@@ -8,7 +8,10 @@ One `decide(observation)` per replica every few seconds. Reading top to bottom:
 2. Feedback. The measured window p99 ITL (or step-time p99) and TTFT p99 against the SLO: a p99 past
    `cut_fraction × SLO` cuts caps multiplicatively at once, slack grows them additively and only
    after a streak of slack windows and a cool-down since the last cut, anything in between holds
-   (hysteresis).
+   (hysteresis). One exception to holding: once the engine's step budget bounds every step chat
+   waits for (the model says a step filled to that budget fits the ITL budget), ITL p99 sits near
+   that full step whatever the seat count, and a seat adds full steps, not longer ones. Seats then
+   grow by a share of themselves, from slack and from the hold band alike, until a p99 says stop.
 3. KV guard. A preemption in the window cuts seats and pauses; otherwise seats are limited to what
    fits under the KV high-water mark counting prompts admitted but not yet prefilled.
 4. Feed-forward (scheduler/feed_forward.py). The chunk is the largest whose predicted steps, at the
@@ -28,6 +31,7 @@ all time is `Observation.t`, virtual or wall, and decisions cost tens of microse
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -75,6 +79,12 @@ class ControllerConfig(BaseModel):
         0.9, gt=0, le=1, description="A window p99 above this × SLO is acted on as a violation."
     )
     seat_growth: int = Field(1, ge=1, description="Seats added per growth step.")
+    bound_seat_growth: float = Field(
+        0.5,
+        ge=0,
+        description="While the engine's step budget bounds every step, seats grow by this share "
+        "of themselves (at least `seat_growth`), from the hold band too; 0 turns that off.",
+    )
     chunk_growth_tokens: int = Field(256, ge=1, description="Chunk tokens added per growth step.")
     itl_slack_fraction: float = Field(
         0.72, gt=0, lt=1, description="ITL p99 below this × SLO counts as slack."
@@ -83,6 +93,12 @@ class ControllerConfig(BaseModel):
         0.7, gt=0, lt=1, description="TTFT p99 below this × SLO counts as slack."
     )
     grow_after_slack: int = Field(2, ge=1, description="Consecutive slack windows needed to grow.")
+    settle_margin: float = Field(
+        0.05,
+        ge=0,
+        description="A sliding-window p99 at most this share above the one that caused a cut is "
+        "the same slow spell seen again (`settling`), not a reason to cut again.",
+    )
     cooldown_s: float = Field(10.0, ge=0, description="No growth this long after a cut.")
     kv_high_water: float = Field(
         0.85, gt=0, le=1, description="KV usage admission must stay under."
@@ -113,6 +129,14 @@ class ControllerConfig(BaseModel):
         ge=0,
         description="How long a TTFT p99 past its slack band keeps batch yielding to queued chat: "
         "chat load near capacity lasts tens of minutes, and its bursts come minutes apart.",
+    )
+
+    chat_slot_share: float = Field(
+        0.25,
+        ge=0,
+        lt=1,
+        description="Share of the engine's sequence slots (`max-num-seqs`) batch leaves to chat "
+        "when `controller_config` sets `max_seats` from the engine flags.",
     )
 
     @model_validator(mode="after")
@@ -147,16 +171,37 @@ def engine_step_tokens(flags: Mapping[str, Any]) -> int | None:
     return int(min(budget, threshold) if 0 < threshold else budget)
 
 
+def batch_seat_limit(flags: Mapping[str, Any], chat_share: float) -> int | None:
+    """Most batch seats an engine with these `vllm:` flags can give without taking the sequence
+    slots chat needs: `max-num-seqs` less `chat_share` of it (at least one slot kept for chat).
+    A chat arriving at a full engine waits for a batch request to finish, whatever its priority.
+    None when the flag is unset."""
+    slots = flags.get("max-num-seqs")
+    if slots is None:
+        return None
+    return max(1, int(slots) - max(1, math.ceil(int(slots) * chat_share)))
+
+
 def controller_config(
     controller: ControllerConfig | None, engine_flags: Mapping[str, Any] | None
 ) -> ControllerConfig:
-    """`controller` (or the defaults) with `engine_step_tokens` read from `engine_flags`, unless
-    the caller set it on purpose (None included: that switches the step pricing off)."""
+    """`controller` (or the defaults) with `engine_step_tokens` and `max_seats` read from
+    `engine_flags`, each unless the caller set it on purpose (None included: that switches the
+    step pricing off)."""
     config = controller or ControllerConfig()
-    if engine_flags is None or "engine_step_tokens" in config.model_fields_set:
+    if engine_flags is None:
         return config
-    step = engine_step_tokens(engine_flags)
-    return ControllerConfig.model_validate({**config.model_dump(), "engine_step_tokens": step})
+    update: dict[str, Any] = {}
+    if "engine_step_tokens" not in config.model_fields_set:
+        update["engine_step_tokens"] = engine_step_tokens(engine_flags)
+    limit = batch_seat_limit(engine_flags, config.chat_slot_share)
+    if "max_seats" not in config.model_fields_set and limit is not None:
+        update["max_seats"] = min(config.max_seats, limit)
+        update["cold_start_seats"] = min(config.cold_start_seats, update["max_seats"])
+        update["min_seats"] = min(config.min_seats, update["cold_start_seats"])
+    if not update:
+        return config
+    return ControllerConfig.model_validate({**config.model_dump(), **update})
 
 
 @dataclass
@@ -195,12 +240,12 @@ class SLOController:
         cold = state is None or self.is_stale(obs.replica, obs.t)
         if cold:
             state = self._cold_start(obs)
-        reason = self._apply_feedback(state, obs, may_grow=not cold)
+        load = feed_forward.load_of(obs)
+        reason = self._apply_feedback(state, obs, load, may_grow=not cold)
         if cold and reason == Verdict.HOLD:
             reason = "cold-start"  # a violation seen at once still cuts the cold-start caps
         state.last_fresh_t = obs.t
         self._note_ttft(state, obs)
-        load = feed_forward.load_of(obs)
         seats, pause, reason = self._guard_kv(state, obs, load, reason)
         chunk = self._chunk(state, load)
         if chunk < cfg.min_chunk_tokens:
@@ -238,7 +283,9 @@ class SLOController:
 
     # -- 2. feedback ----------------------------------------------------------------------------
 
-    def _apply_feedback(self, state: ReplicaState, obs: Observation, may_grow: bool) -> str:
+    def _apply_feedback(
+        self, state: ReplicaState, obs: Observation, load: Load, may_grow: bool
+    ) -> str:
         """Act on the window's verdict; returns the reason word for the decision."""
         cfg = self.config
         itl = feedback.observed_itl(obs.chat_itl_p99_s, obs.step_samples_s)
@@ -251,14 +298,16 @@ class SLOController:
         )
         if v in (Verdict.ITL_VIOLATION, Verdict.TTFT_VIOLATION):
             signal = itl if v is Verdict.ITL_VIOLATION else obs.chat_ttft_p99_s
-            if _seen_before(state, obs, v, signal):
+            if _seen_before(state, obs, v, signal, cfg.settle_margin):
                 state.slack_streak = 0
                 return "settling"
             self._cut(state, obs.t, chunk_too=v is Verdict.ITL_VIOLATION)
             state.cut_reading = (obs.t, v, signal)
             return v.value
-        if v is Verdict.SLACK and may_grow:
-            return self._maybe_grow(state, obs)
+        if may_grow and v is Verdict.SLACK:
+            return self._maybe_grow(state, obs, self._step_bound_growth(state, load))
+        if may_grow and self._ttft_slack(obs) and (more := self._step_bound_growth(state, load)):
+            return self._maybe_grow(state, obs, more, from_hold=True)
         state.slack_streak = 0
         return Verdict.HOLD.value
 
@@ -277,28 +326,66 @@ class SLOController:
         state.slack_streak = 0
         state.last_cut_t = t
 
-    def _maybe_grow(self, state: ReplicaState, obs: Observation) -> str:
-        """Grow only after a streak of slack windows and the cool-down, and only caps that bind:
-        seats nobody filled and chunks nobody sent say nothing about their safety. Zero seats
-        always bind (nothing can be in flight to fill them), so a replica cut to zero grows again
-        on slack alone instead of staying shut for good."""
+    def _maybe_grow(
+        self, state: ReplicaState, obs: Observation, bound_seats: int, from_hold: bool = False
+    ) -> str:
+        """Grow only after a streak of windows that allow it and the cool-down, and only caps that
+        bind: seats nobody filled and chunks nobody sent say nothing about their safety. Zero
+        seats always bind (nothing can be in flight to fill them), so a replica cut to zero grows
+        again on slack alone instead of staying shut for good.
+
+        `bound_seats` (from `_step_bound_growth`) is how many seats the engine's step budget lets
+        in at once, 0 when it does not bound the step; `from_hold` is growth in the hold band,
+        which only that bound justifies, and which leaves the chunk alone: a longer chunk makes
+        steps longer where the step budget does not already cap them."""
         cfg = self.config
         state.slack_streak += 1
         cooling = state.last_cut_t is not None and obs.t - state.last_cut_t < cfg.cooldown_s
         in_flight = len(obs.batch_in_flight)
-        seats_bind, chunk_used = in_flight >= state.seats, in_flight > 0
+        seats_bind, chunk_used = in_flight >= state.seats, in_flight > 0 and not from_hold
         if state.slack_streak < cfg.grow_after_slack or cooling or not (seats_bind or chunk_used):
             return Verdict.HOLD.value
         before = (state.seats, state.chunk_cap)
         if seats_bind:
-            state.seats = feedback.grow(state.seats, cfg.seat_growth, cfg.max_seats)
+            step = max(cfg.seat_growth, bound_seats)
+            state.seats = feedback.grow(state.seats, step, cfg.max_seats)
         if chunk_used:
             base = max(state.last_chunk, cfg.min_chunk_tokens)
             state.chunk_cap = feedback.grow(
                 min(state.chunk_cap, base), cfg.chunk_growth_tokens, cfg.max_chunk_tokens
             )
         state.slack_streak = 0
-        return "grow" if (state.seats, state.chunk_cap) != before else Verdict.HOLD.value
+        if (state.seats, state.chunk_cap) == before:
+            return Verdict.HOLD.value
+        return "grow-step-bound" if from_hold or bound_seats > cfg.seat_growth else "grow"
+
+    def _step_bound_growth(self, state: ReplicaState, load: Load) -> int:
+        """Seats to add at once while the engine's step budget bounds every step, else 0.
+
+        The engine prefills at most `engine_step_tokens` per step however many batch prompts wait,
+        so when a step filled to that budget, beside the chat decodes and the new seats' own
+        decodes, still fits `headroom × ITL SLO`, more seats make more such steps and none longer.
+        Past the point where chat's p99 token already lands on a full step, that leaves the p99
+        where it is; before it, the p99 can rise only as far as the full step the model priced.
+        Either way the p99 that feedback watches is the check, as for any growth."""
+        cfg = self.config
+        if cfg.engine_step_tokens is None or cfg.bound_seat_growth == 0:
+            return 0
+        more = max(cfg.seat_growth, int(state.seats * cfg.bound_seat_growth))
+        budget_s = self.slo.chat_itl_p99_ms / 1000 * cfg.headroom
+        prompt = state.last_chunk or state.chunk_cap
+        bounded = feed_forward.full_step_fits(
+            self.model, load, budget_s, cfg.engine_step_tokens, more, more * prompt
+        )
+        return more if bounded else 0
+
+    def _ttft_slack(self, obs: Observation) -> bool:
+        """Chat TTFT p99 inside its slack band (or unmeasured): more seats queue more prefill
+        ahead of a chat's first token, which the step budget does nothing to bound."""
+        p99 = obs.chat_ttft_p99_s
+        return (
+            p99 is None or p99 < self.config.ttft_slack_fraction * self.slo.chat_ttft_p99_ms / 1000
+        )
 
     # -- 3. KV guard ----------------------------------------------------------------------------
 
@@ -391,20 +478,22 @@ class SLOController:
 
 
 def _seen_before(
-    state: ReplicaState, obs: Observation, verdict: Verdict, p99_s: float | None
+    state: ReplicaState, obs: Observation, verdict: Verdict, p99_s: float | None, margin: float
 ) -> bool:
     """Whether a violation in `obs` is the one feedback already cut for, seen again: a sensor with
     a sliding window (`obs.window_s`) keeps reporting the slow samples that caused a cut until they
     slide out, and cutting once per reading would take caps to their floor for one slow spell.
     The reading is new evidence once its window starts after the cut, when it breaks the other
-    SLO, or when its p99 is worse than the one that caused the cut (what the cut let through is
-    slower still)."""
+    SLO, or when its p99 is worse than the one that caused the cut by more than `margin` (what the
+    cut let through is slower still). The margin is there because a p99 read off a histogram is
+    interpolated inside its bucket and drifts by a few percent as each scrape adds samples: at
+    3 × 1024 on `cpu-small`, 21.3 ms read again as 21.3+ cut four seats to one in two readings."""
     if state.cut_reading is None or obs.window_s is None:
         return False
     t_cut, verdict_cut, p99_cut = state.cut_reading
     if obs.t - obs.window_s >= t_cut or verdict is not verdict_cut:
         return False
-    return p99_s is not None and p99_cut is not None and p99_s <= p99_cut
+    return p99_s is not None and p99_cut is not None and p99_s <= p99_cut * (1 + margin)
 
 
 def _seat_kv_tokens(obs: Observation, state: ReplicaState, output_tokens: int) -> int:

@@ -15,7 +15,7 @@ one step, which is right for the in-engine chunk and pessimistic for a map-reduc
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from scheduler.admission import Observation
 from scheduler.step import PrefillChunk, StepBatch, StepTimeModel
@@ -72,6 +72,25 @@ def step_seconds(
     prefix = load.prefix_tokens + prompt_tokens - per_step
     prefills = (PrefillChunk(per_step, prefix),) if prompt_tokens else ()
     return model.step_seconds(StepBatch(prefills, load.decode_seqs, load.decode_context_tokens))
+
+
+def full_step_fits(
+    model: StepTimeModel,
+    load: Load,
+    budget_s: float,
+    step_tokens: int,
+    more_decodes: int = 0,
+    more_context_tokens: int = 0,
+) -> bool:
+    """Whether a step filling the engine's prefill budget (`step_tokens`) beside `load`, plus
+    `more_decodes` sequences over `more_context_tokens`, fits `budget_s`: if it does, no number of
+    batch prompts waiting to prefill can make a step longer than the budget."""
+    more = replace(
+        load,
+        decode_seqs=load.decode_seqs + more_decodes,
+        decode_context_tokens=load.decode_context_tokens + more_context_tokens,
+    )
+    return step_seconds(model, more, step_tokens, step_tokens) <= budget_s
 
 
 def largest_prompt_within(

@@ -7,7 +7,13 @@ from pydantic import ValidationError
 
 from scheduler import feed_forward
 from scheduler.admission import BatchInFlight, Observation
-from scheduler.controller import ControllerConfig, SLOController, engine_step_tokens
+from scheduler.controller import (
+    ControllerConfig,
+    SLOController,
+    batch_seat_limit,
+    controller_config,
+    engine_step_tokens,
+)
 from scheduler.latency_model import LatencyModel, largest_chunk_within, roofline_model
 from scheduler.slo import SLO
 
@@ -145,6 +151,21 @@ def test_a_ttft_spell_is_judged_by_ttft_alone_and_an_itl_break_is_new():
         obs(t + 4, in_flight=first.batch_seats, chat_itl_p99_s=0.080, chat_ttft_p99_s=2.8, **kw)
     )
     assert itl.reason == "itl-violation" and itl.batch_seats < first.batch_seats
+
+
+def test_a_p99_drifting_up_within_the_settle_margin_is_the_same_spell():
+    c = grown()
+    t, seats = after(c), c.states["r0"].seats
+    first = c.decide(obs(t, in_flight=seats, chat_itl_p99_s=0.0500, window_s=15.0))
+    assert first.reason == "itl-violation"
+    drift = c.decide(obs(t + 3, in_flight=first.batch_seats, chat_itl_p99_s=0.0515, window_s=15.0))
+    assert drift.reason == "settling" and drift.batch_seats == first.batch_seats
+    strict = SLOController(SLO_50, MODEL, ControllerConfig(settle_margin=0.0))
+    strict.states = {"r0": c.states["r0"]}  # the same memory, read without a margin
+    again = strict.decide(
+        obs(t + 6, in_flight=first.batch_seats, chat_itl_p99_s=0.0515, window_s=15.0)
+    )
+    assert again.reason == "itl-violation" and again.batch_seats < first.batch_seats
 
 
 def test_without_a_window_every_violation_cuts():
@@ -405,3 +426,77 @@ def test_batch_yields_to_queued_chat_only_where_chat_ttft_came_near_its_slo():
     c.decide(obs(after(c), in_flight=2, chat_itl_p99_s=0.02, chat_ttft_p99_s=0.8))  # past slack
     later = c.decide(obs(after(c), in_flight=2, chat_itl_p99_s=0.02, **queued))
     assert later.pause and later.reason == "chat-queue"
+
+
+# -- growth while the engine's step budget bounds every step --------------------------------------
+
+BOUNDED = ControllerConfig(engine_step_tokens=ENGINE_STEP)
+HOLD_BAND = {
+    "chat_itl_p99_s": 0.040,
+    "chat_ttft_p99_s": 0.2,
+}  # ITL 0.8 × SLO: neither slack nor cut
+
+
+def test_seats_grow_from_the_hold_band_while_a_full_engine_step_fits_the_budget():
+    # MODEL prices a 256-token step beside the batch decodes at ~11 ms: the 40 ms budget holds it,
+    # so more seats make more such steps and none longer
+    c = grown(steps=4, **BOUNDED.model_dump(exclude_defaults=True))
+    seats, chunk = c.states["r0"].seats, c.states["r0"].chunk_cap
+    ds = drive(c, after(c), 6, **HOLD_BAND)
+    assert "grow-step-bound" in {d.reason for d in ds}
+    assert c.states["r0"].seats > seats
+    assert c.states["r0"].chunk_cap == chunk  # the chunk grows from slack only
+
+
+def test_the_hold_band_holds_where_the_engine_step_is_unknown_or_too_long():
+    unknown = grown()  # no engine_step_tokens: a prompt is one step, nothing bounds it
+    seats = unknown.states["r0"].seats
+    assert {d.reason for d in drive(unknown, after(unknown), 6, **HOLD_BAND)} == {"hold"}
+    assert unknown.states["r0"].seats == seats
+    # at a 20 ms SLO the budget is 16 ms: a chunk of ~700 tokens fits it, a 1024-token step does not
+    slo_20 = SLO(chat_itl_p99_ms=20, chat_ttft_p99_ms=1000)
+    tight = SLOController(slo_20, MODEL, ControllerConfig(engine_step_tokens=1024))
+    drive(tight, 0.0, 8, chat_itl_p99_s=0.005, chat_ttft_p99_s=0.2)
+    seats = tight.states["r0"].seats
+    assert {d.reason for d in drive(tight, after(tight), 6, chat_itl_p99_s=0.016)} == {"hold"}
+    assert tight.states["r0"].seats == seats
+
+
+def test_the_hold_band_holds_while_chat_ttft_is_not_slack():
+    c = grown(**BOUNDED.model_dump(exclude_defaults=True))
+    seats = c.states["r0"].seats
+    ds = drive(c, after(c), 6, chat_itl_p99_s=0.040, chat_ttft_p99_s=0.8)  # 0.8 × TTFT SLO
+    assert "grow-step-bound" not in {d.reason for d in ds}
+    assert c.states["r0"].seats == seats
+
+
+def test_step_bound_seats_grow_by_a_share_of_themselves():
+    c = SLOController(SLO_50, MODEL, BOUNDED.model_copy(update={"cold_start_seats": 8}))
+    ds = drive(c, 0.0, 4, chat_itl_p99_s=0.010, chat_ttft_p99_s=0.2)
+    grow = next(d for d in ds if d.reason.startswith("grow"))
+    assert grow.reason == "grow-step-bound" and c.states["r0"].seats == 12
+    off = SLOController(SLO_50, MODEL, BOUNDED.model_copy(update={"cold_start_seats": 8,
+                                                                  "bound_seat_growth": 0.0}))  # fmt: skip
+    drive(off, 0.0, 4, chat_itl_p99_s=0.010, chat_ttft_p99_s=0.2)
+    assert off.states["r0"].seats == 9  # additive, as without a step bound
+
+
+def test_a_violation_after_step_bound_growth_still_cuts():
+    c = grown(**BOUNDED.model_dump(exclude_defaults=True))
+    drive(c, after(c), 8, **HOLD_BAND)
+    seats = c.states["r0"].seats
+    d = c.decide(obs(after(c), in_flight=seats, chat_itl_p99_s=0.047))
+    assert d.reason == "itl-violation" and c.states["r0"].seats < seats
+
+
+def test_batch_leaves_a_share_of_the_engine_sequence_slots_to_chat():
+    assert batch_seat_limit({"max-num-seqs": 32}, 0.25) == 24
+    assert batch_seat_limit({"max-num-seqs": 2}, 0.25) == 1  # one slot kept for chat at least
+    assert batch_seat_limit({}, 0.25) is None
+    flags = {"max-num-seqs": 32, "max-num-batched-tokens": 512}
+    derived = controller_config(None, flags)
+    assert derived.max_seats == 24 and derived.engine_step_tokens == 512
+    few = controller_config(ControllerConfig(cold_start_seats=4), {"max-num-seqs": 4})
+    assert few.max_seats == 3 and few.cold_start_seats == 3
+    chosen = controller_config(ControllerConfig(max_seats=40), flags)
+    assert chosen.max_seats == 40  # set on purpose: the caller's word stands

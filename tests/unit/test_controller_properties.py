@@ -23,6 +23,7 @@ CFG = ControllerConfig()
 REASONS = {
     "cold-start",
     "grow",
+    "grow-step-bound",
     "hold",
     "itl-violation",
     "ttft-violation",
