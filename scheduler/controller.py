@@ -130,7 +130,6 @@ class ControllerConfig(BaseModel):
         description="How long a TTFT p99 past its slack band keeps batch yielding to queued chat: "
         "chat load near capacity lasts tens of minutes, and its bursts come minutes apart.",
     )
-
     chat_slot_share: float = Field(
         0.25,
         ge=0,
