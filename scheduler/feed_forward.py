@@ -81,14 +81,19 @@ def full_step_fits(
     step_tokens: int,
     more_decodes: int = 0,
     more_context_tokens: int = 0,
+    prompt_tokens: int = 0,
 ) -> bool:
     """Whether a step filling the engine's prefill budget (`step_tokens`) beside `load`, plus
     `more_decodes` sequences over `more_context_tokens`, fits `budget_s`: if it does, no number of
-    batch prompts waiting to prefill can make a step longer than the budget."""
+    batch prompts waiting to prefill can make a step longer than the budget. The step is priced at
+    the deepest position a prefill reaches, in flight or in a new prompt of `prompt_tokens`: the
+    last step of a 1024-token prompt attends over the 512 before it, and on `cpu-small` that step
+    is half as long again as the first."""
     more = replace(
         load,
         decode_seqs=load.decode_seqs + more_decodes,
         decode_context_tokens=load.decode_context_tokens + more_context_tokens,
+        prefix_tokens=max(load.prefix_tokens, prompt_tokens - step_tokens),
     )
     return step_seconds(model, more, step_tokens, step_tokens) <= budget_s
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 from pydantic import ValidationError
 
@@ -375,13 +377,19 @@ def test_a_p99_near_the_slo_already_counts_as_a_violation():
     assert d.reason == "itl-violation" and d.batch_seats < seats
 
 
-def test_an_itl_cut_keeps_a_chunk_longer_than_one_engine_step():
-    c = SLOController(SLO_50, MODEL, STEPPED)
+def test_an_itl_cut_shortens_a_long_chunk_no_further_than_one_engine_step():
+    cfg = STEPPED.model_copy(update={"min_chunk_tokens": 64})
+    c = SLOController(SLO_50, MODEL, cfg)
     c.decide(obs(0.0, in_flight=1, chat_itl_p99_s=0.02))
     chunk = c.states["r0"].chunk_cap
-    assert chunk > ENGINE_STEP
+    assert chunk > 2 * ENGINE_STEP
     c.decide(obs(5.0, in_flight=1, chat_itl_p99_s=0.08))
-    assert c.states["r0"].chunk_cap == chunk  # shorter sections would relieve no step
+    assert ENGINE_STEP <= c.states["r0"].chunk_cap < chunk  # its last steps sat deeper
+    for t in (10.0, 15.0, 20.0):
+        c.decide(obs(t, in_flight=1, chat_itl_p99_s=0.08))
+    assert c.states["r0"].chunk_cap == ENGINE_STEP  # one step: shorter sections relieve no step
+    c.decide(obs(25.0, in_flight=1, chat_itl_p99_s=0.08))
+    assert c.states["r0"].chunk_cap == ENGINE_STEP // 2  # a chunk inside one step sets its size
 
 
 def test_slack_bands_must_sit_below_the_cut():
@@ -460,6 +468,22 @@ def test_the_hold_band_holds_where_the_engine_step_is_unknown_or_too_long():
     seats = tight.states["r0"].seats
     assert {d.reason for d in drive(tight, after(tight), 6, chat_itl_p99_s=0.016)} == {"hold"}
     assert tight.states["r0"].seats == seats
+
+
+def test_a_full_step_is_priced_at_the_deepest_position_a_prompt_reaches():
+    load = feed_forward.Load(
+        decode_seqs=4, decode_context_tokens=4000, prefix_tokens=0, batch_in_flight=0,
+        prefill_pending=0,
+    )  # fmt: skip
+    deep = replace(load, prefix_tokens=7 * ENGINE_STEP)  # a prefill in flight already that deep
+    shallow_s = feed_forward.step_seconds(MODEL, load, ENGINE_STEP, ENGINE_STEP)
+    deep_s = feed_forward.step_seconds(MODEL, deep, ENGINE_STEP, ENGINE_STEP)
+    budget = (shallow_s + deep_s) / 2  # the first step of any prompt fits; its eighth does not
+    assert feed_forward.full_step_fits(MODEL, load, budget, ENGINE_STEP, prompt_tokens=ENGINE_STEP)
+    assert not feed_forward.full_step_fits(
+        MODEL, load, budget, ENGINE_STEP, prompt_tokens=8 * ENGINE_STEP
+    )
+    assert not feed_forward.full_step_fits(MODEL, deep, budget, ENGINE_STEP)
 
 
 def test_the_hold_band_holds_while_chat_ttft_is_not_slack():
