@@ -23,13 +23,14 @@ import signal
 import socket
 import subprocess
 import time
+import warnings
 from collections.abc import Iterator, Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import httpx
 
-from serving import local_models
+from serving import cpu_features, local_models
 from serving.engine_config import EngineConfig, render_flags
 from serving.paths import engine_python
 
@@ -37,6 +38,10 @@ ENGINE_MODULE = "vllm.entrypoints.openai.api_server"
 ENGINE_SITE = Path(__file__).resolve().parent / "engine_site"
 SHM_NAP_ENV = "NIGHTSHIFT_SHM_WAIT_NAP_US"
 LOG_TAIL_LINES = 40
+
+
+class SlowHostWarning(UserWarning):
+    """The host will run this replica far slower than its engine config was measured at."""
 
 
 class EngineStartError(RuntimeError):
@@ -149,6 +154,8 @@ class ReplicaSet:
                 "`nightshift engine status`); choose a free one with --port"
             )
         argv = {p: engine_argv(config, p, host) for p in ports}  # fails early on a missing model
+        if message := cpu_features.bf16_warning(config, cpu_features.cpu_flags()):
+            warnings.warn(message, SlowHostWarning, stacklevel=2)
         started: list[Replica] = []
         try:
             for p in ports:

@@ -1,0 +1,47 @@
+"""What the host CPU can do natively, where it changes what a CPU replica's figures mean.
+
+`cpu-small` runs in bfloat16, which is fast on CPUs with native bf16 matrix instructions
+(AVX-512 BF16, AMX) and slow everywhere else: there the matmuls take a fallback path, several
+times slower than float32 (a 512 × 768 × 3072 matmul on one AVX2 core: 260 ms in bf16, 39 ms in
+float32). Latency figures, the fitted model in `engine_configs/fits/` and the README's benchmark
+then describe another machine, so the launcher says so before the replica starts.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from serving.engine_config import EngineConfig
+
+CPUINFO = Path("/proc/cpuinfo")
+NATIVE_BF16 = frozenset({"avx512_bf16", "amx_bf16"})
+BF16_NAMES = frozenset({"bfloat16", "bf16"})
+
+
+def cpu_flags(cpuinfo: Path = CPUINFO) -> frozenset[str] | None:
+    """The instruction-set flags of the first CPU in `cpuinfo`; None where it cannot be read."""
+    try:
+        text = cpuinfo.read_text()
+    except OSError:
+        return None
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() == "flags":
+            return frozenset(value.split())
+    return None
+
+
+def bf16_warning(config: EngineConfig, flags: frozenset[str] | None) -> str | None:
+    """A warning when `config` runs a CPU replica in bfloat16 on a CPU without native bf16, else
+    None (GPU replicas, other dtypes, or flags unknown)."""
+    if config.hardware.kind != "cpu" or flags is None or flags & NATIVE_BF16:
+        return None
+    if str(config.flag("dtype", "")).lower() not in BF16_NAMES:
+        return None
+    return (
+        f"{config.name} runs dtype bfloat16, but this CPU has no native bf16 instructions "
+        f"(none of {', '.join(sorted(NATIVE_BF16))} in {CPUINFO}): its matmuls take a slow "
+        "path, several times slower than float32, and its latencies will not match the fitted "
+        "model or the README's figures. For this host, copy the config with `dtype: float32` "
+        "under `vllm:` and fit a model for it with `nightshift calibrate`."
+    )

@@ -1,0 +1,37 @@
+"""The launcher's warning for a CPU replica in bfloat16 on a host without native bf16."""
+
+from pathlib import Path
+
+from serving.cpu_features import bf16_warning, cpu_flags
+from serving.engine_config import load_engine_config
+
+ROOT = Path(__file__).resolve().parents[2]
+CPU_SMALL = load_engine_config(ROOT / "engine_configs" / "cpu-small.yaml")
+GPU_70B = load_engine_config(ROOT / "engine_configs" / "h100x2-llama-3.1-70b-fp8.yaml")
+AVX2 = frozenset({"fpu", "sse2", "avx", "avx2", "fma", "f16c"})
+
+
+def test_cpuinfo_flags_are_read_from_the_first_cpu(tmp_path: Path) -> None:
+    info = tmp_path / "cpuinfo"
+    info.write_text(
+        "processor\t: 0\nflags\t\t: fpu avx2 amx_bf16\n\nprocessor\t: 1\nflags\t: fpu\n"
+    )
+    assert cpu_flags(info) == {"fpu", "avx2", "amx_bf16"}
+    assert cpu_flags(tmp_path / "missing") is None
+    (tmp_path / "noflags").write_text("processor\t: 0\n")
+    assert cpu_flags(tmp_path / "noflags") is None
+
+
+def test_bf16_on_a_cpu_without_native_bf16_warns_and_names_the_fix() -> None:
+    message = bf16_warning(CPU_SMALL, AVX2)
+    assert message is not None
+    assert "cpu-small" in message and "dtype: float32" in message and "calibrate" in message
+
+
+def test_no_warning_where_bf16_is_native_unknown_or_not_used() -> None:
+    assert bf16_warning(CPU_SMALL, AVX2 | {"avx512_bf16"}) is None
+    assert bf16_warning(CPU_SMALL, AVX2 | {"amx_bf16"}) is None
+    assert bf16_warning(CPU_SMALL, None) is None  # flags unreadable: say nothing rather than guess
+    fp32 = CPU_SMALL.model_copy(update={"vllm": {**CPU_SMALL.vllm, "dtype": "float32"}})
+    assert bf16_warning(fp32, AVX2) is None
+    assert bf16_warning(GPU_70B, AVX2) is None  # a GPU replica's dtype is the GPU's business
