@@ -31,10 +31,15 @@ def cpu_flags(cpuinfo: Path = CPUINFO) -> frozenset[str] | None:
     return None
 
 
+def lacks_native_bf16(flags: frozenset[str] | None) -> bool:
+    """True only when the flags are known and name no native bf16 instructions."""
+    return flags is not None and not flags & NATIVE_BF16
+
+
 def bf16_warning(config: EngineConfig, flags: frozenset[str] | None) -> str | None:
     """A warning when `config` runs a CPU replica in bfloat16 on a CPU without native bf16, else
     None (GPU replicas, other dtypes, or flags unknown)."""
-    if config.hardware.kind != "cpu" or flags is None or flags & NATIVE_BF16:
+    if config.hardware.kind != "cpu" or not lacks_native_bf16(flags):
         return None
     if str(config.flag("dtype", "")).lower() not in BF16_NAMES:
         return None
@@ -42,6 +47,7 @@ def bf16_warning(config: EngineConfig, flags: frozenset[str] | None) -> str | No
         f"{config.name} runs dtype bfloat16, but this CPU has no native bf16 instructions "
         f"(none of {', '.join(sorted(NATIVE_BF16))} in {CPUINFO}): its matmuls take a slow "
         "path, several times slower than float32, and its latencies will not match the fitted "
-        "model or the README's figures. For this host, copy the config with `dtype: float32` "
-        "under `vllm:` and fit a model for it with `nightshift calibrate`."
+        "model or the README's figures. For this host, use its float32 twin "
+        "(`engine_configs/cpu-small-fp32.yaml` for cpu-small), or copy the config with "
+        "`dtype: float32` under `vllm:` and fit a model for it with `nightshift calibrate`."
     )

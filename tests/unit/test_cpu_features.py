@@ -2,7 +2,7 @@
 
 from pathlib import Path
 
-from serving.cpu_features import bf16_warning, cpu_flags
+from serving.cpu_features import bf16_warning, cpu_flags, lacks_native_bf16
 from serving.engine_config import load_engine_config
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -35,3 +35,18 @@ def test_no_warning_where_bf16_is_native_unknown_or_not_used() -> None:
     fp32 = CPU_SMALL.model_copy(update={"vllm": {**CPU_SMALL.vllm, "dtype": "float32"}})
     assert bf16_warning(fp32, AVX2) is None
     assert bf16_warning(GPU_70B, AVX2) is None  # a GPU replica's dtype is the GPU's business
+
+
+def test_only_known_flags_without_native_bf16_count_as_lacking_it() -> None:
+    assert lacks_native_bf16(AVX2)
+    assert not lacks_native_bf16(AVX2 | {"amx_bf16"})
+    assert not lacks_native_bf16(None)
+
+
+def test_the_float32_twin_runs_the_same_model_with_the_same_engine_budget() -> None:
+    twin = load_engine_config(ROOT / "engine_configs" / "cpu-small-fp32.yaml")
+    assert bf16_warning(twin, AVX2) is None
+    same = {"max-num-batched-tokens", "max-num-seqs", "long-prefill-token-threshold"}
+    assert {k: twin.vllm[k] for k in same} == {k: CPU_SMALL.vllm[k] for k in same}
+    assert twin.model == CPU_SMALL.model and twin.env == CPU_SMALL.env
+    assert (ROOT / "engine_configs" / "fits" / "cpu-small-fp32.json").is_file()
