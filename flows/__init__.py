@@ -1,1 +1,9 @@
 """Prefect flows, deployments and the `nightshift` command line."""
+
+import os
+
+# Without PREFECT_API_URL a flow run starts Prefect's ephemeral API server, which must answer within
+# 20 s by default. On a 2-core host already running a replica and chat load it took longer, and
+# `make demo` failed before its first document; a deployment's own server is not affected. Set
+# here, before any flow module imports Prefect, and only where the caller has not chosen a value.
+os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
