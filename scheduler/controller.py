@@ -437,8 +437,7 @@ class SLOController:
 
     def _note_ttft(self, state: ReplicaState, obs: Observation) -> None:
         """Remember when chat TTFT p99 was last past its slack band."""
-        slack_s = self.config.ttft_slack_fraction * self.slo.chat_ttft_p99_ms / 1000
-        if obs.chat_ttft_p99_s is not None and obs.chat_ttft_p99_s >= slack_s:
+        if not self._ttft_slack(obs):
             state.ttft_tight_t = obs.t
 
     def _ttft_tight(self, state: ReplicaState, t: float) -> bool:
