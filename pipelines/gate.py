@@ -367,7 +367,9 @@ class GateActor:
             return False
         prefilling = sum(h.prompt_tokens - h.prefilled_tokens for h in r.held.values())
         step = self.policy.config.engine_step_tokens
-        if not prefill_fits(prefilling, prompt_tokens, d.chunk_tokens, step):
+        if not prefill_fits(
+            prefilling, prompt_tokens, d.chunk_tokens, step, d.prefill_budget_tokens
+        ):
             return False
         cap = obs.kv_capacity_tokens
         committed = r.committed_kv + (r.granted_kv_tokens / cap if cap else 0.0)
@@ -420,6 +422,7 @@ class GateActor:
                 "pause": True if not r.up or r.decision is None else r.decision.pause,
                 "reason": "down" if not r.up else (r.decision.reason if r.decision else "none"),
                 "in_flight": len(r.held),
+                "prefill_budget_tokens": r.decision.prefill_budget_tokens if r.decision else None,
             }
             for r in self.replicas.values()
         }

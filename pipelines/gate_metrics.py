@@ -26,6 +26,12 @@ class GateMetrics:
             ["replica"],
             registry=r,
         )
+        self.prefill_budget = Gauge(
+            "nightshift_prefill_budget_tokens",
+            "Most batch prompt tokens a replica may have awaiting prefill (NaN: unbounded).",
+            ["replica"],
+            registry=r,
+        )
         self.paused = Gauge(
             "nightshift_batch_paused", "1 while new batch work is paused.", ["replica"], registry=r
         )
@@ -61,11 +67,12 @@ class GateMetrics:
         self.in_flight.labels(name).set(in_flight)
         self.decisions.labels(decision.reason or "none").inc()
         for gauge, value in (
+            (self.prefill_budget, decision.prefill_budget_tokens),
             (self.chat_itl_p99, obs.chat_itl_p99_s),
             (self.chat_ttft_p99, obs.chat_ttft_p99_s),
             (self.kv_usage, obs.kv_usage),
         ):
-            # NaN, not a stale number, when the window measured nothing
+            # NaN, not a stale number, when the window measured nothing (or nothing bounds it)
             gauge.labels(name).set(float("nan") if value is None else value)
 
     def serve(self, port: int, addr: str = "0.0.0.0") -> int:

@@ -58,6 +58,10 @@ class Decision:
     `batch_seats`: batch sequences that may be in flight at once. `chunk_tokens`: the largest batch
     prompt section (and prefill chunk) to admit. `pause`: admit nothing new. `reason`: a short
     machine-friendly word for the decisions table (`cold-start`, `grow`, `itl-violation`, ...).
+    `prefill_budget_tokens`: the most batch prompt tokens that may await prefill on the replica
+    at once (None: no such bound). Seats are decided every few seconds, but a prompt prefills in
+    a fraction of a second: whoever admits checks this bound at every grant (`prefill_fits`), so
+    batch prefill flows as fast as it drains instead of in one burst per decision.
     """
 
     batch_seats: int
@@ -65,24 +69,48 @@ class Decision:
     pause: bool = False
     reason: str = ""
     predicted_step_ms: float | None = None
+    prefill_budget_tokens: int | None = None
 
 
 def prefill_fits(
-    prefilling_tokens: int, prompt_tokens: int, chunk_tokens: int, step_tokens: int | None
+    prefilling_tokens: int,
+    prompt_tokens: int,
+    chunk_tokens: int,
+    step_tokens: int | None,
+    budget_tokens: int | None = None,
 ) -> bool:
     """Whether a batch prompt may start beside the batch prompt tokens a replica is still
-    prefilling, under a decision's `chunk_tokens` and the engine's per-request step size
-    (`step_tokens`, None when a prompt is prefilled in one step).
+    prefilling, under a decision's `chunk_tokens` and `prefill_budget_tokens` (`budget_tokens`)
+    and the engine's per-request step size (`step_tokens`, None when a prompt is prefilled in one
+    step).
 
     The engine packs every pending prefill into its next step, up to its token budget, so two
     prompts that each fit the ITL budget in a step of their own can together make a step that
     does not. While the chunk is smaller than an engine step, `chunk_tokens` therefore caps the
     batch prefill in flight, not only each prompt. A chunk of a whole step or more was priced as
     full steps already, and pending prefills make those steps no longer, only more of them (the
-    TTFT allowance bounds that). One prompt may always start when nothing is prefilling."""
-    if prefilling_tokens <= 0 or (step_tokens is not None and chunk_tokens >= step_tokens):
+    TTFT allowance, `budget_tokens`, bounds that). One prompt may always start when nothing is
+    prefilling."""
+    if prefilling_tokens <= 0:
+        return True
+    if not within_prefill_budget(prefilling_tokens, prompt_tokens, budget_tokens):
+        return False
+    if step_tokens is not None and chunk_tokens >= step_tokens:
         return True
     return prefilling_tokens + prompt_tokens <= chunk_tokens
+
+
+def within_prefill_budget(
+    prefilling_tokens: int, prompt_tokens: int, budget_tokens: int | None
+) -> bool:
+    """Whether a batch prompt fits a decision's `prefill_budget_tokens` beside the batch prompt
+    tokens still awaiting prefill; one prompt may always start when none are (a prompt longer
+    than the budget would otherwise never start)."""
+    return (
+        budget_tokens is None
+        or prefilling_tokens <= 0
+        or prefilling_tokens + prompt_tokens <= budget_tokens
+    )
 
 
 class AdmissionPolicy(Protocol):

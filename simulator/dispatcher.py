@@ -6,7 +6,10 @@ at most `chunk_tokens` document tokens, one request each, cut when a seat frees 
 the size decided at that moment; once all sections are summarized, a `reduce` request turns their
 summaries into the document's summary (as the pipeline's map-reduce does). In `whole` mode a document
 is one request, prefilled in chunks of at most `chunk_tokens` (the in-engine plug-in's view). `pause`
-admits nothing new; what is in flight runs on, since a sent request cannot be recalled.
+admits nothing new; what is in flight runs on, since a sent request cannot be recalled. A decision's
+`prefill_budget_tokens` holds back a request until the batch prompt tokens still awaiting prefill
+leave room for it, as the Gate does at every grant: the simulation admits again whenever a batch
+request gets its first token.
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
-from scheduler.admission import Decision
+from scheduler.admission import Decision, within_prefill_budget
 from simulator.config import BatchWorkload
 from simulator.entities import BATCH_PRIORITY, Request, Segment
 
@@ -77,7 +80,12 @@ class BatchDispatcher:
         if d is None or d.pause:
             return []
         new: list[Request] = []
+        pending = sum(max(0, r.prompt_tokens - r.num_computed) for r in seats.in_flight)
         while (self.reduces or self.queue) and len(seats.in_flight) < d.batch_seats:
+            size = self._next_prompt_tokens(d.chunk_tokens)
+            if not within_prefill_budget(pending, size, d.prefill_budget_tokens):
+                break
+            pending += size
             if self.reduces:
                 req = self._reduce(self.reduces.popleft(), now)
             else:
@@ -86,6 +94,16 @@ class BatchDispatcher:
             seats.in_flight.append(req)
             new.append(req)
         return new
+
+    def _next_prompt_tokens(self, chunk_tokens: int) -> int:
+        """Prompt tokens of the request `admit` would make next (a reduce, else a section)."""
+        if self.reduces:
+            body = self.reduces[0].sections * self.cfg.section_summary_tokens
+        else:
+            doc = self.queue[0]
+            remaining = doc.tokens - doc.cut
+            body = remaining if self.cfg.mode == "whole" else min(max(1, chunk_tokens), remaining)
+        return self.cfg.instruction_tokens + body
 
     def _next_section(self, doc: Document, chunk_tokens: int, now: float) -> Request:
         remaining = doc.tokens - doc.cut

@@ -105,6 +105,8 @@ class Simulation:
             if req.cls == "chat":
                 self.chat_in_flight -= 1
             follow.extend(self._after(req, ok=True))
+        if any(r.cls == "batch" for r in outcome.first_tokens):
+            follow.extend(self.admit_batch(replica))  # its prefill left the prefill budget
         follow.extend(self._start(replica))
         return follow
 

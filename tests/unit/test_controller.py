@@ -8,7 +8,7 @@ import pytest
 from pydantic import ValidationError
 
 from scheduler import feed_forward
-from scheduler.admission import BatchInFlight, Observation
+from scheduler.admission import BatchInFlight, Observation, prefill_fits
 from scheduler.controller import (
     ControllerConfig,
     SLOController,
@@ -351,23 +351,72 @@ def test_a_prompt_longer_than_one_engine_step_is_priced_one_step_at_a_time():
     assert stepped.predicted_step_ms <= 50 * STEPPED.headroom
 
 
-def test_batch_prefill_in_flight_beyond_the_ttft_allowance_pauses():
+def test_while_chat_ttft_shows_slack_the_admitter_holds_prompts_until_the_prefill_drains():
     c = SLOController(SLO_50, MODEL, STEPPED)
     queued = (BatchInFlight(4096, 0), BatchInFlight(4096, 0), BatchInFlight(4096, 4096))
-    o = Observation(t=0.0, replica="r0", chat_itl_p99_s=0.02, batch_in_flight=queued)
+    o = Observation(
+        t=0.0, replica="r0", chat_itl_p99_s=0.02, chat_ttft_p99_s=0.2, batch_in_flight=queued
+    )
     d = c.decide(o)  # 8k prompt tokens queued: a chat arriving now would wait ~2 s behind them
-    assert d.pause and d.reason == "ttft-guard" and d.batch_seats <= 3
+    assert d.reason == "ttft-guard" and not d.pause  # held grant by grant, not for a decision
+    budget = d.prefill_budget_tokens
+    assert not prefill_fits(8192, d.chunk_tokens, d.chunk_tokens, ENGINE_STEP, budget)
+    assert prefill_fits(0, d.chunk_tokens, d.chunk_tokens, ENGINE_STEP, budget)
 
 
-def test_the_ttft_allowance_admits_only_the_prompts_that_fit():
+def test_where_chat_ttft_is_tight_batch_prefill_beyond_the_allowance_pauses():
+    c = SLOController(SLO_50, MODEL, STEPPED)
+    queued = (BatchInFlight(4096, 0), BatchInFlight(4096, 0), BatchInFlight(4096, 4096))
+    for ttft in (None, 0.8):  # unknown since the cold start, or out of its slack band
+        o = Observation(
+            t=0.0, replica="r0", chat_itl_p99_s=0.02, chat_ttft_p99_s=ttft, batch_in_flight=queued
+        )
+        d = c.decide(o)
+        assert d.pause and d.reason == "ttft-guard" and d.batch_seats <= 3
+
+
+def test_the_prefill_budget_is_the_ttft_allowance_and_a_chunk_fits_it():
+    c = SLOController(SLO_50, MODEL, STEPPED.model_copy(update={"cold_start_seats": 8}))
+    o = Observation(
+        t=0.0, replica="r0", chat_itl_p99_s=0.02, chat_ttft_p99_s=0.2, batch_in_flight=batch(2)
+    )
+    d = c.decide(o)
+    allowance = feed_forward.prefill_allowance(MODEL, feed_forward.load_of(o), 0.25, ENGINE_STEP)
+    assert d.prefill_budget_tokens == allowance and d.chunk_tokens <= allowance
+    assert d.batch_seats == 8 and not d.pause and d.reason != "ttft-guard"
+    fits = [
+        prefill_fits(n * d.chunk_tokens, d.chunk_tokens, d.chunk_tokens, ENGINE_STEP, allowance)
+        for n in range(8)
+    ]
+    assert sum(fits) == allowance // d.chunk_tokens < 8  # what fits at once, not a train of eight
+    assert fits == sorted(fits, reverse=True)
+
+
+def test_where_chat_ttft_is_tight_seats_admit_only_the_prompts_that_fit_now():
     c = SLOController(SLO_50, MODEL, STEPPED.model_copy(update={"cold_start_seats": 8}))
     o = Observation(t=0.0, replica="r0", chat_itl_p99_s=0.02, batch_in_flight=batch(2))
-    d = c.decide(o)
+    d = c.decide(o)  # no TTFT reading yet: the cold start counts chat as tight
     assert not d.pause and d.reason == "ttft-guard"
     allowance = feed_forward.prefill_allowance(MODEL, feed_forward.load_of(o), 0.25, ENGINE_STEP)
     new = d.batch_seats - 2
     assert 0 < new < 6  # some new prompts, not a train of six at once
     assert new * d.chunk_tokens <= allowance < (new + 1) * d.chunk_tokens
+
+
+def test_the_first_ttft_reading_in_its_slack_band_ends_the_cold_starts_caution():
+    c = SLOController(SLO_50, MODEL, STEPPED.model_copy(update={"cold_start_seats": 8}))
+    cautious = c.decide(Observation(t=0.0, replica="r0", batch_in_flight=batch(2)))
+    slack = c.decide(
+        Observation(t=3.0, replica="r0", chat_ttft_p99_s=0.2, batch_in_flight=batch(2))
+    )
+    assert cautious.batch_seats < 8 and slack.batch_seats == 8
+    tight = c.decide(
+        Observation(t=6.0, replica="r0", chat_ttft_p99_s=0.8, batch_in_flight=batch(2))
+    )
+    later = c.decide(
+        Observation(t=9.0, replica="r0", chat_ttft_p99_s=0.2, batch_in_flight=batch(2))
+    )
+    assert tight.batch_seats < 8 and later.batch_seats < 8  # a measured near miss is remembered
 
 
 def test_a_p99_near_the_slo_already_counts_as_a_violation():
@@ -413,6 +462,7 @@ def test_slack_grows_seats_again_after_a_cut_to_zero():
 
 def test_batch_yields_while_chat_waits_for_its_first_token():
     c = grown()
+    c.decide(obs(after(c), in_flight=2, chat_itl_p99_s=0.02, chat_ttft_p99_s=0.8))  # near the SLO
     seats = c.states["r0"].seats
     # 10 chat decoding, 3 chat requests not yet at their first token, 2 batch decoding
     busy = obs(after(c), in_flight=2, chat_itl_p99_s=0.02, chat_decoding=10, running=14, waiting=1)

@@ -197,6 +197,26 @@ def test_new_batch_prompts_never_queue_chat_past_the_ttft_allowance(seq):
         load = feed_forward.load_of(o)
         wait_s = SLO_50.chat_ttft_p99_ms / 1000 * cfg.ttft_block_fraction
         allowance = feed_forward.prefill_allowance(MODEL, load, wait_s, 256)
+        # the admitter holds prefill in flight to it, or (chat near its TTFT SLO) seats do
+        assert d.prefill_budget_tokens in (allowance, None)
+        if d.prefill_budget_tokens is None:
+            new = max(0, d.batch_seats - len(o.batch_in_flight))
+            assert load.prefill_pending + new * d.chunk_tokens <= allowance
+        assert d.chunk_tokens <= max(cfg.chunk_granularity, allowance)  # one chunk always fits
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.tuples(st.floats(0.5, 10.0), fresh_signals), min_size=1, max_size=30))
+def test_where_chat_ttft_is_tight_seats_never_queue_chat_past_the_ttft_allowance(seq):
+    cfg = CFG.model_copy(update={"engine_step_tokens": 256})
+    c = SLOController(SLO_50, MODEL, cfg)
+    tight = [(dt, {**s, "chat_ttft_p99_s": 0.8}) for dt, s in seq]  # past slack, short of a cut
+    for o, d in run(c, tight):
+        if d.pause:
+            continue
+        load = feed_forward.load_of(o)
+        wait_s = SLO_50.chat_ttft_p99_ms / 1000 * cfg.ttft_block_fraction
+        allowance = feed_forward.prefill_allowance(MODEL, load, wait_s, 256)
         new = max(0, d.batch_seats - len(o.batch_in_flight))
         assert load.prefill_pending + new * d.chunk_tokens <= allowance
 
@@ -227,8 +247,11 @@ def test_slack_reopens_batch_from_any_state_even_zero_seats(prefix):
 @settings(max_examples=100, deadline=None)
 @given(st.lists(st.tuples(st.floats(0.5, 10.0), fresh_signals), min_size=1, max_size=20))
 def test_no_new_batch_prompt_starts_while_chat_waits_for_a_first_token(seq):
-    # a memory longer than any sequence: chat counts as near its TTFT SLO throughout
+    # a memory longer than any sequence, and no reading in the slack band to end the cold start's
+    # caution: chat counts as near its TTFT SLO throughout
     c = SLOController(SLO_50, MODEL, CFG.model_copy(update={"ttft_memory_s": 1e9}))
-    for o, d in run(c, seq):
+    near = [(dt, {**s, "chat_ttft_p99_s": s["chat_ttft_p99_s"] and max(0.7, s["chat_ttft_p99_s"])})
+            for dt, s in seq]  # fmt: skip
+    for o, d in run(c, near):
         if feed_forward.chat_queued(o) > 0:
             assert d.pause  # a paused replica is sent nothing new, whatever its seats

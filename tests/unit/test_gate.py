@@ -196,6 +196,31 @@ def test_batch_prefill_in_flight_stays_within_one_chunk(gates):
     assert ray.get(lone, timeout=5.0).replica == "r0"
 
 
+def test_the_prefill_budget_is_checked_at_every_grant_not_once_per_decision(gates):
+    script = [{"r0": {"chat_itl_p99_s": 0.01, "chat_ttft_p99_s": 0.05, "kv_usage": 0.2}}]
+    cfg = PATIENT.model_copy(update={"cold_start_seats": 8})
+    flags = {"max-num-batched-tokens": 256, "enable-chunked-prefill": True}
+    gate = gates(
+        "budget",
+        script,
+        replicas=REPLICAS[:1],
+        latency_model=MODEL,
+        controller=cfg,
+        engine_flags=flags,
+        slo=SLO(chat_itl_p99_ms=50, chat_ttft_p99_ms=400),
+    )
+    caps = ray.get(gate.caps.remote())["r0"]
+    chunk, budget = caps["chunk_tokens"], caps["prefill_budget_tokens"]
+    fit = budget // chunk
+    assert 1 <= fit < 8 and not caps["pause"]  # the TTFT allowance binds before the seats do
+    held = [ray.get(gate.acquire.remote(f"d{i}", chunk), timeout=5.0) for i in range(fit)]
+    waiting = gate.acquire.remote("d-next", chunk)
+    assert not ready([waiting], timeout=0.5)  # seats are free, but chat would queue behind it
+    ray.get(gate.progress.remote(held[0].permit_id, chunk))  # its prefill drained
+    assert ray.get(waiting, timeout=5.0).replica == "r0"  # granted with no new decision
+    assert ray.get(gate.stats.remote())["polls"] == 1
+
+
 def test_released_and_reported_timings_reach_the_controller(gates):
     script = [{"r0": {"kv_usage": 0.2}}]  # the engine sensor sees no latency at all
     gate = gates("feed", script, replicas=REPLICAS[:1], latency_model=MODEL)
@@ -229,6 +254,7 @@ def test_decisions_are_recorded_and_exported_on_the_metrics_port(gates):
     text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5.0).text
     assert 'nightshift_batch_seats{replica="r0"} 1.0' in text
     assert 'nightshift_chunk_tokens{replica="r0"}' in text
+    assert 'nightshift_prefill_budget_tokens{replica="r0"} NaN' in text  # no engine step: unbounded
     assert 'nightshift_chat_itl_p99_seconds{replica="r0"} 0.012' in text
     assert 'nightshift_decisions_total{reason="stale-pause"} 1.0' in text
 

@@ -104,6 +104,20 @@ def test_map_mode_cuts_sections_of_the_decided_size_within_the_seats():
     assert disp.docs_done == 0
 
 
+def test_the_prefill_budget_admits_sections_as_the_prefill_ahead_drains():
+    cfg = BatchWorkload(docs=1, doc_tokens=4000, mode="map")
+    disp = BatchDispatcher(cfg, ["r0"])
+    disp.add_backlog(1, 4000)
+    section = 500 + cfg.instruction_tokens
+    disp.set_decision("r0", Decision(8, 500, prefill_budget_tokens=2 * section))
+    a, b = disp.admit("r0", 0.0)  # two fit the budget; six seats stay free
+    assert disp.admit("r0", 0.0) == []
+    a.num_computed = a.prompt_tokens  # a's prefill is done: one more fits
+    assert len(disp.admit("r0", 0.1)) == 1
+    b.num_computed = b.prompt_tokens // 2
+    assert disp.admit("r0", 0.2) == []  # half of b and all of the third are still ahead
+
+
 def test_a_reduce_over_the_section_summaries_finishes_a_split_document():
     cfg = BatchWorkload(mode="map", section_summary_tokens=96, summary_tokens=192)
     disp = BatchDispatcher(cfg, ["r0"])
