@@ -19,10 +19,12 @@ One `decide(observation)` per replica every few seconds. Reading top to bottom:
    headroom`: late in an 80k document attention dominates and the chunk comes out smaller than at
    its start. When the engine's step size is known, batch prompt tokens in flight are also held to
    what the engine prefills in `ttft_block_fraction` of the TTFT SLO, since a chat arriving behind
-   them waits for all of them; this sizes map-reduce sections, and the decision hands it on as a
-   prefill budget that the admitter checks at every grant. And where chat TTFT has lately come near its SLO, no new
-   batch prompt starts while chat requests wait for their first token (`yield_to_queued_chat`):
-   batch then takes only the prefill room chat leaves.
+   them waits for all of them; this sizes map-reduce sections. While chat TTFT shows slack the
+   decision hands that on as a prefill budget the admitter checks at every grant, so batch prefill
+   flows as fast as the engine drains it. Where chat TTFT has lately come near its SLO, batch is
+   paced instead: seats admit what fits at the decision, and no new batch prompt starts while chat
+   requests wait for their first token (`yield_to_queued_chat`): batch then takes only the prefill
+   room chat leaves.
 
 State is kept per replica, keyed by `Observation.replica`, so one controller object serves a whole
 fleet (the Gate holds one per run; the simulator one per scenario). The controller reads no clock:
@@ -127,8 +129,9 @@ class ControllerConfig(BaseModel):
     ttft_memory_s: float = Field(
         900.0,
         ge=0,
-        description="How long a TTFT p99 past its slack band keeps batch yielding to queued chat: "
-        "chat load near capacity lasts tens of minutes, and its bursts come minutes apart.",
+        description="How long a TTFT p99 past its slack band keeps batch paced and yielding to "
+        "queued chat: chat load near capacity lasts tens of minutes, and its bursts come minutes "
+        "apart.",
     )
     chat_slot_share: float = Field(
         0.25,
@@ -477,7 +480,7 @@ class SLOController:
         That pace is right where chat TTFT is `tight` (it came near its SLO lately): chat then
         queues behind chat already, every step batch takes delays the whole queue, and refilling
         the allowance as fast as it drains breaks minutes that pacing holds (in the simulator's
-        steady 5 req/s, 90% of windows against 100%). There seats are limited to the prompts the
+        steady 5 req/s, 54 of 60 windows against 60). There seats are limited to the prompts the
         allowance admits now, and chat already queued for its first token leaves no room at all
         (`yield_to_queued_chat`): the engine lets a waiting batch prompt into its running set in
         the first step with budget to spare between chat prefills, and from then on every chat of
