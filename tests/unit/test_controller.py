@@ -351,11 +351,21 @@ def test_a_prompt_longer_than_one_engine_step_is_priced_one_step_at_a_time():
     assert stepped.predicted_step_ms <= 50 * STEPPED.headroom
 
 
+SHORT_MEMORY = STEPPED.model_copy(update={"ttft_memory_s": 5.0})
+
+
+def slack_since_cold_start(c: SLOController) -> float:
+    """Decide a cold start with slack chat TTFT; returns a time past its memory of caution."""
+    c.decide(Observation(t=0.0, replica="r0", chat_itl_p99_s=0.02, chat_ttft_p99_s=0.2))
+    return 10.0
+
+
 def test_while_chat_ttft_shows_slack_the_admitter_holds_prompts_until_the_prefill_drains():
-    c = SLOController(SLO_50, MODEL, STEPPED)
+    c = SLOController(SLO_50, MODEL, SHORT_MEMORY)
+    t = slack_since_cold_start(c)
     queued = (BatchInFlight(4096, 0), BatchInFlight(4096, 0), BatchInFlight(4096, 4096))
     o = Observation(
-        t=0.0, replica="r0", chat_itl_p99_s=0.02, chat_ttft_p99_s=0.2, batch_in_flight=queued
+        t=t, replica="r0", chat_itl_p99_s=0.02, chat_ttft_p99_s=0.2, batch_in_flight=queued
     )
     d = c.decide(o)  # 8k prompt tokens queued: a chat arriving now would wait ~2 s behind them
     assert d.reason == "ttft-guard" and not d.pause  # held grant by grant, not for a decision
@@ -376,9 +386,13 @@ def test_where_chat_ttft_is_tight_batch_prefill_beyond_the_allowance_pauses():
 
 
 def test_the_prefill_budget_is_the_ttft_allowance_and_a_chunk_fits_it():
-    c = SLOController(SLO_50, MODEL, STEPPED.model_copy(update={"cold_start_seats": 8}))
+    c = SLOController(SLO_50, MODEL, SHORT_MEMORY.model_copy(update={"cold_start_seats": 8}))
     o = Observation(
-        t=0.0, replica="r0", chat_itl_p99_s=0.02, chat_ttft_p99_s=0.2, batch_in_flight=batch(2)
+        t=slack_since_cold_start(c),
+        replica="r0",
+        chat_itl_p99_s=0.02,
+        chat_ttft_p99_s=0.2,
+        batch_in_flight=batch(2),
     )
     d = c.decide(o)
     allowance = feed_forward.prefill_allowance(MODEL, feed_forward.load_of(o), 0.25, ENGINE_STEP)
@@ -403,18 +417,21 @@ def test_where_chat_ttft_is_tight_seats_admit_only_the_prompts_that_fit_now():
     assert new * d.chunk_tokens <= allowance < (new + 1) * d.chunk_tokens
 
 
-def test_the_first_ttft_reading_in_its_slack_band_ends_the_cold_starts_caution():
-    c = SLOController(SLO_50, MODEL, STEPPED.model_copy(update={"cold_start_seats": 8}))
+def test_the_cold_starts_caution_lasts_the_ttft_memory_and_a_near_miss_renews_it():
+    c = SLOController(SLO_50, MODEL, SHORT_MEMORY.model_copy(update={"cold_start_seats": 8}))
     cautious = c.decide(Observation(t=0.0, replica="r0", batch_in_flight=batch(2)))
-    slack = c.decide(
+    early = c.decide(
         Observation(t=3.0, replica="r0", chat_ttft_p99_s=0.2, batch_in_flight=batch(2))
     )
-    assert cautious.batch_seats < 8 and slack.batch_seats == 8
+    slack = c.decide(
+        Observation(t=6.0, replica="r0", chat_ttft_p99_s=0.2, batch_in_flight=batch(2))
+    )
+    assert cautious.batch_seats < 8 and early.batch_seats < 8 and slack.batch_seats == 8
     tight = c.decide(
-        Observation(t=6.0, replica="r0", chat_ttft_p99_s=0.8, batch_in_flight=batch(2))
+        Observation(t=9.0, replica="r0", chat_ttft_p99_s=0.8, batch_in_flight=batch(2))
     )
     later = c.decide(
-        Observation(t=9.0, replica="r0", chat_ttft_p99_s=0.2, batch_in_flight=batch(2))
+        Observation(t=12.0, replica="r0", chat_ttft_p99_s=0.2, batch_in_flight=batch(2))
     )
     assert tight.batch_seats < 8 and later.batch_seats < 8  # a measured near miss is remembered
 
