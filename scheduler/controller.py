@@ -218,6 +218,8 @@ class ReplicaState:
     last_chunk: int = 0
     ttft_tight_t: float | None = None
     """When chat TTFT p99 was last past its slack band (or the cold start, when it was unknown)."""
+    ttft_unseen: bool = False
+    """Chat TTFT has not been measured since the cold start: tight until a reading shows slack."""
     cut_reading: tuple[float, Verdict, float | None] | None = None
     """(t, verdict, the violated p99) of the observation that last made feedback cut."""
 
@@ -290,6 +292,7 @@ class SLOController:
     def _cold_start(self, obs: Observation) -> ReplicaState:
         state = ReplicaState(self.config.cold_start_seats, self.config.cold_start_chunk_tokens)
         state.ttft_tight_t = obs.t  # unknown chat is treated as tight until it has shown slack
+        state.ttft_unseen = True
         self.states[obs.replica] = state
         return state
 
@@ -449,12 +452,15 @@ class SLOController:
         )
 
     def _note_ttft(self, state: ReplicaState, obs: Observation) -> None:
-        """Remember when chat TTFT p99 was last past its slack band. The cold start counts as such
-        a reading: ending the cold start's caution at the first slack reading let free-flowing
-        batch build up seats that chat near capacity paid for later (simulated hour, steady 5
-        req/s: 97.1% of windows against 99.2%)."""
+        """Remember when chat TTFT p99 was last past its slack band; the first measured reading in
+        it after a cold start clears the tightness the cold start assumed. Waiting out the whole
+        memory after a cold start instead bought nothing measurable: over a simulated hour of
+        steady 5 req/s chat, eight seeds, 466 of 480 windows held against 467 this way, at 11%
+        less batch."""
         if not self._ttft_slack(obs):
-            state.ttft_tight_t = obs.t
+            state.ttft_tight_t, state.ttft_unseen = obs.t, False
+        elif state.ttft_unseen and obs.chat_ttft_p99_s is not None:
+            state.ttft_tight_t, state.ttft_unseen = None, False
 
     def _ttft_tight(self, state: ReplicaState, t: float) -> bool:
         """Whether chat TTFT p99 has left its slack band within `ttft_memory_s`: chat that came

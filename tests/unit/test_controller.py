@@ -417,21 +417,18 @@ def test_where_chat_ttft_is_tight_seats_admit_only_the_prompts_that_fit_now():
     assert new * d.chunk_tokens <= allowance < (new + 1) * d.chunk_tokens
 
 
-def test_the_cold_starts_caution_lasts_the_ttft_memory_and_a_near_miss_renews_it():
-    c = SLOController(SLO_50, MODEL, SHORT_MEMORY.model_copy(update={"cold_start_seats": 8}))
+def test_the_first_ttft_reading_in_its_slack_band_ends_the_cold_starts_caution():
+    c = SLOController(SLO_50, MODEL, STEPPED.model_copy(update={"cold_start_seats": 8}))
     cautious = c.decide(Observation(t=0.0, replica="r0", batch_in_flight=batch(2)))
-    early = c.decide(
+    slack = c.decide(
         Observation(t=3.0, replica="r0", chat_ttft_p99_s=0.2, batch_in_flight=batch(2))
     )
-    slack = c.decide(
-        Observation(t=6.0, replica="r0", chat_ttft_p99_s=0.2, batch_in_flight=batch(2))
-    )
-    assert cautious.batch_seats < 8 and early.batch_seats < 8 and slack.batch_seats == 8
+    assert cautious.batch_seats < 8 and slack.batch_seats == 8
     tight = c.decide(
-        Observation(t=9.0, replica="r0", chat_ttft_p99_s=0.8, batch_in_flight=batch(2))
+        Observation(t=6.0, replica="r0", chat_ttft_p99_s=0.8, batch_in_flight=batch(2))
     )
     later = c.decide(
-        Observation(t=12.0, replica="r0", chat_ttft_p99_s=0.2, batch_in_flight=batch(2))
+        Observation(t=9.0, replica="r0", chat_ttft_p99_s=0.2, batch_in_flight=batch(2))
     )
     assert tight.batch_seats < 8 and later.batch_seats < 8  # a measured near miss is remembered
 
