@@ -441,6 +441,7 @@ def _row(run_id: str, obs: Observation, d: Decision) -> dict:
         "observed_kv_usage": obs.kv_usage,
         "predicted_step_ms": d.predicted_step_ms,
         "reason": d.reason,
+        "prefill_budget_tokens": d.prefill_budget_tokens,
     }
 
 

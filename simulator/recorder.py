@@ -60,6 +60,7 @@ DECISION_SCHEMA = pa.schema(
         ("observed_itl_p99_s", pa.float64()),
         ("observed_ttft_p99_s", pa.float64()),
         ("observed_kv_usage", pa.float64()),
+        ("prefill_budget_tokens", pa.int64()),
     ]
 )
 DOCUMENT_SCHEMA = pa.schema(
@@ -135,6 +136,7 @@ class Recorder:
                 "observed_itl_p99_s": obs.chat_itl_p99_s,
                 "observed_ttft_p99_s": obs.chat_ttft_p99_s,
                 "observed_kv_usage": obs.kv_usage,
+                "prefill_budget_tokens": d.prefill_budget_tokens,
             }
         )
 

@@ -95,8 +95,11 @@ CREATE TABLE IF NOT EXISTS decisions (
     observed_ttft_p99_s DOUBLE,
     observed_kv_usage DOUBLE,
     predicted_step_ms DOUBLE,
-    reason VARCHAR
+    reason VARCHAR,
+    prefill_budget_tokens BIGINT
 );
+-- Warehouses made before decisions carried the prefill budget gain the column (null for old runs).
+ALTER TABLE decisions ADD COLUMN IF NOT EXISTS prefill_budget_tokens BIGINT;
 
 -- Rollups: latency percentiles per SLO window and per class, computed once per load so that the
 -- views answer in milliseconds however many nights the warehouse holds. Percentiles in ms.

@@ -81,6 +81,7 @@ DECISIONS = pa.schema(
         ("observed_kv_usage", pa.float64()),
         ("predicted_step_ms", pa.float64()),
         ("reason", pa.string()),
+        ("prefill_budget_tokens", pa.int64()),
     ]
 )
 

@@ -134,3 +134,31 @@ def test_a_request_recorded_twice_does_not_double_its_gaps(tmp_path: Path) -> No
     write_table(directory, "requests", pa.concat_tables([requests, requests.slice(0, 1)]))
     load_results(tmp_path)
     assert counts(tmp_path)["token_gaps"] == SAMPLE_ROWS["token_gaps"]
+
+
+def test_a_warehouse_made_before_the_prefill_budget_column_loads_runs_that_carry_it(
+    tmp_path: Path,
+) -> None:
+    import duckdb
+
+    old = duckdb.connect(str(db_path(tmp_path)))
+    old.execute(
+        "CREATE TABLE decisions (run_id VARCHAR NOT NULL, t DOUBLE NOT NULL, replica VARCHAR NOT "
+        "NULL, batch_seats BIGINT NOT NULL, chunk_tokens BIGINT NOT NULL, pause BOOLEAN, "
+        "observed_itl_p99_s DOUBLE, observed_ttft_p99_s DOUBLE, observed_kv_usage DOUBLE, "
+        "predicted_step_ms DOUBLE, reason VARCHAR)"
+    )
+    old.close()
+    write_sample_run(tmp_path)
+    directory = run_dir(tmp_path, RUN)
+    decisions = read_table(directory, "decisions")
+    budgets = pa.array([2048 if i % 2 else None for i in range(decisions.num_rows)], pa.int64())
+    i = decisions.schema.get_field_index("prefill_budget_tokens")
+    write_table(directory, "decisions", decisions.set_column(i, "prefill_budget_tokens", budgets))
+    load_results(tmp_path)
+    con = connect(db_path(tmp_path), read_only=True)
+    got = con.execute(
+        "SELECT count(prefill_budget_tokens), max(prefill_budget_tokens) FROM decisions"
+    )
+    assert got.fetchone() == (decisions.num_rows // 2, 2048)
+    con.close()
