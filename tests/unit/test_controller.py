@@ -558,6 +558,20 @@ def test_the_hold_band_holds_while_chat_ttft_is_not_slack():
     assert c.states["r0"].seats == seats
 
 
+def test_the_hold_band_holds_for_the_ttft_memory_after_a_near_miss():
+    c = grown(steps=4, **BOUNDED.model_copy(update={"ttft_memory_s": 30.0}).model_dump(
+        exclude_defaults=True))  # fmt: skip
+    near_miss = after(c)
+    c.decide(obs(near_miss, chat_itl_p99_s=0.040, chat_ttft_p99_s=0.8))
+    seats = c.states["r0"].seats
+    ds = drive(c, after(c), 12, **HOLD_BAND)  # slack TTFT again, for 60 s
+    t = [near_miss + (i + 1) * INTERVAL for i in range(len(ds))]
+    soon = [d.reason for d, ti in zip(ds, t, strict=True) if ti - near_miss <= 30.0]
+    later = [d.reason for d, ti in zip(ds, t, strict=True) if ti - near_miss > 30.0]
+    assert "grow-step-bound" not in soon and "grow-step-bound" in later
+    assert c.states["r0"].seats > seats
+
+
 def test_step_bound_seats_grow_by_a_share_of_themselves():
     c = SLOController(SLO_50, MODEL, BOUNDED.model_copy(update={"cold_start_seats": 8}))
     ds = drive(c, 0.0, 4, chat_itl_p99_s=0.010, chat_ttft_p99_s=0.2)
