@@ -559,8 +559,7 @@ def test_the_hold_band_holds_while_chat_ttft_is_not_slack():
 
 
 def test_the_hold_band_holds_for_the_ttft_memory_after_a_near_miss():
-    c = grown(steps=4, **BOUNDED.model_copy(update={"ttft_memory_s": 30.0}).model_dump(
-        exclude_defaults=True))  # fmt: skip
+    c = grown(steps=4, engine_step_tokens=ENGINE_STEP, ttft_memory_s=30.0)
     near_miss = after(c)
     c.decide(obs(near_miss, chat_itl_p99_s=0.040, chat_ttft_p99_s=0.8))
     seats = c.states["r0"].seats

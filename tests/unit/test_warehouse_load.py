@@ -6,6 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import duckdb
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -139,8 +140,6 @@ def test_a_request_recorded_twice_does_not_double_its_gaps(tmp_path: Path) -> No
 def test_a_warehouse_made_before_the_prefill_budget_column_loads_runs_that_carry_it(
     tmp_path: Path,
 ) -> None:
-    import duckdb
-
     old = duckdb.connect(str(db_path(tmp_path)))
     old.execute(
         "CREATE TABLE decisions (run_id VARCHAR NOT NULL, t DOUBLE NOT NULL, replica VARCHAR NOT "
