@@ -28,7 +28,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from scheduler.specs import GpuSpec, ModelSpec, dtype_bytes, gpu_spec, model_spec
-from scheduler.step import PrefillChunk, StepBatch, StepTimeModel
+from scheduler.step import StepBatch, StepTimeModel
+from scheduler.step_budget import BatchPrefill, StepBudget
 
 FORMAT = "nightshift.latency_model/2"
 """What `to_json` writes: all seven coefficients."""
@@ -221,25 +222,12 @@ def largest_chunk_within(
     """The largest prefill chunk (a multiple of `granularity`, at most `max_chunk`) at prefix
     position `prefix_tokens` whose step, beside the given decode load, fits `budget_s`; 0 if none.
 
-    Binary search, valid because step time never falls as a chunk grows (coefficients are
-    non-negative); ~log2(max_chunk / granularity) model calls, cheap enough to run every decision.
+    The engine plug-in's own sizing (`scheduler.step_budget`) for a step of one batch prefill, so
+    the planner's advice is what the plug-in would grant.
     """
     if granularity < 1:
         raise ValueError(f"granularity must be >= 1, got {granularity}")
-
-    def fits(units: int) -> bool:
-        chunk = PrefillChunk(units * granularity, prefix_tokens)
-        batch = StepBatch((chunk,), decode_seqs, decode_context_tokens)
-        return model.step_seconds(batch) <= budget_s
-
-    lo, hi = 0, max_chunk // granularity  # invariant: lo fits (0 trivially), hi+1 does not
-    if hi == 0 or not fits(1):
-        return 0
-    lo = 1
-    while lo < hi:
-        mid = (lo + hi + 1) // 2
-        if fits(mid):
-            lo = mid
-        else:
-            hi = mid - 1
-    return lo * granularity
+    whole = max_chunk // granularity * granularity
+    fixed = StepBatch((), decode_seqs, decode_context_tokens)
+    budget = StepBudget(model, budget_s, whole, fixed, granularity)
+    return budget.grant(BatchPrefill(prefix_tokens, whole))

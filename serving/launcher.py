@@ -37,6 +37,9 @@ from serving.paths import engine_python
 ENGINE_MODULE = "vllm.entrypoints.openai.api_server"
 ENGINE_SITE = Path(__file__).resolve().parent / "engine_site"
 SHM_NAP_ENV = "NIGHTSHIFT_SHM_WAIT_NAP_US"
+CONTROL_DIR_ENV = "NIGHTSHIFT_CONTROL_DIR"
+"""Where a replica's engine plug-in reads its control document and writes its status
+(`serving/engine_site/budget_scheduler.py`)."""
 LOG_TAIL_LINES = 40
 
 
@@ -64,6 +67,11 @@ class Replica:
     @property
     def base_url(self) -> str:
         return f"http://{self.host}:{self.port}"
+
+    @property
+    def control_dir(self) -> Path:
+        """The replica's control folder: its control document and the plug-in's status."""
+        return Path(self.log).with_suffix("")
 
 
 def model_location(config: EngineConfig) -> str:
@@ -100,7 +108,19 @@ def engine_argv(config: EngineConfig, port: int, host: str = "127.0.0.1") -> lis
         "--port",
         str(port),
         *render_flags(config.vllm),
+        *plugin_flags(config),
     ]
+
+
+PLUGIN_PACKAGE = "serving.engine_site."
+CONTROL_MIDDLEWARE = "serving.engine_site.control_route.control_route"
+
+
+def plugin_flags(config: EngineConfig) -> list[str]:
+    """The control route on the replica's own port, for a config that selects the plug-in."""
+    if str(config.flag("scheduler-cls", "")).startswith(PLUGIN_PACKAGE):
+        return ["--middleware", CONTROL_MIDDLEWARE]
+    return []
 
 
 def port_in_use(host: str, port: int) -> bool:
@@ -180,13 +200,14 @@ class ReplicaSet:
         name = f"{config.name}-{port}"
         log = self.state_dir / f"{name}.log"
         self.state_dir.mkdir(parents=True, exist_ok=True)
+        control = fresh_control_dir(log.with_suffix(""))
         with open(log, "wb") as out:
             proc = subprocess.Popen(
                 argv,
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
-                env={**os.environ, **engine_env(config, os.environ)},
+                env={**os.environ, **engine_env(config, os.environ), CONTROL_DIR_ENV: str(control)},
                 process_group=0,
                 preexec_fn=_die_with_parent if tie_to_caller and _on_main_thread() else None,
             )
@@ -232,6 +253,18 @@ class ReplicaSet:
             yield replicas
         finally:
             self.down([r.name for r in replicas])
+
+
+def fresh_control_dir(path: Path) -> Path:
+    """The control folder of a replica about to start, private to this user (0700) and emptied:
+    a control document left by an earlier replica of the same name would put a controller that
+    is gone in charge of this one (expired, it would pause batch from the first step)."""
+    path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    path.chmod(0o700)
+    for leftover in path.iterdir():
+        if leftover.is_file():
+            leftover.unlink()
+    return path
 
 
 def _on_main_thread() -> bool:

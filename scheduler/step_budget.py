@@ -1,0 +1,130 @@
+"""How many prefill tokens each batch request gets in one engine step: the plug-in's one decision.
+
+Every decoding chat user waits for every engine step, so the step, not the request, is what a
+batch prefill must fit. The step is composed in two parts. The fixed part is everything that is not
+a batch prefill: every decode (chat and batch: one token each, never cut) and chat's own prefill
+chunks (never cut). Each batch prefill then gets, in turn, the largest chunk that keeps the step's
+predicted time within the batch step target and its tokens within the step's room. A chunk's cost
+depends on where it sits in its prompt (attention over the prefix before it), so the same target
+gives a short chunk deep in an 80k-token document and a long one at its start.
+
+Invariants of every grant:
+- it never exceeds the request's remaining prompt nor the step's remaining token room;
+- it is a multiple of the KV block size, or exactly the remaining prompt (the chunk that ends a
+  prefill), so a prompt of any length finishes and KV blocks fill whole in between;
+- with the grant added, the predicted step time is within the target; when the fixed part alone
+  is over the target every grant is 0 (batch waits, chat does not);
+- a grant smaller than `min_chunk_tokens` is 0 unless it ends the prefill: a tiny chunk deep in a
+  prompt pays for re-reading the whole prefix and moves the prompt almost nowhere.
+
+The engine plug-in (`serving/engine_site/`), the simulator's engine and the planner all call
+`StepBudget.grant`, so the simulator models the plug-in exactly.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from scheduler.step import PrefillChunk, StepBatch, StepTimeModel
+
+CHAT_PRIORITY = 0
+"""vLLM's `priority` of chat requests; anything above it is batch (lower values run first)."""
+
+
+def is_batch(priority: int) -> bool:
+    """Whether a request of this vLLM priority is batch work (chat sends 0, batch more)."""
+    return priority > CHAT_PRIORITY
+
+
+@dataclass(frozen=True, slots=True)
+class BatchPrefill:
+    """A batch request that still has prompt to prefill."""
+
+    prefix_tokens: int
+    """Tokens of its prompt already in KV (computed or cached): where its next chunk starts."""
+    remaining_tokens: int
+    """Prompt tokens still to prefill."""
+
+
+class StepBudget:
+    """One step being composed: the fixed part, then batch grants added one at a time."""
+
+    def __init__(
+        self,
+        model: StepTimeModel,
+        target_s: float,
+        token_room: int,
+        fixed: StepBatch,
+        block_size: int = 16,
+        min_chunk_tokens: int = 0,
+    ) -> None:
+        if block_size < 1:
+            raise ValueError(f"block_size must be >= 1, got {block_size}")
+        self.model = model
+        self.target_s = target_s
+        self.room = max(0, token_room)
+        self.block_size = block_size
+        self.min_chunk_tokens = min_chunk_tokens
+        self._prefills = list(fixed.prefills)
+        self._decode_seqs = fixed.decode_seqs
+        self._decode_context = fixed.decode_context_tokens
+        self.granted_tokens = 0
+
+    def batch(self) -> StepBatch:
+        """The step as composed so far."""
+        return StepBatch(tuple(self._prefills), self._decode_seqs, self._decode_context)
+
+    def seconds(self) -> float:
+        """Predicted time of the step as composed so far."""
+        return self.model.step_seconds(self.batch())
+
+    def grant(self, prefill: BatchPrefill, limit: int | None = None) -> int:
+        """Prefill tokens `prefill` gets this step (invariants in the module docstring), at most
+        `limit` (what the engine's other caps allow); the grant becomes part of the step, so later
+        grants see it."""
+        tokens = self._largest_fitting(prefill, limit)
+        if tokens < self.min_chunk_tokens and tokens < prefill.remaining_tokens:
+            tokens = 0
+        if tokens:
+            self._prefills.append(PrefillChunk(tokens, prefill.prefix_tokens))
+            self.room -= tokens
+            self.granted_tokens += tokens
+        return tokens
+
+    def _largest_fitting(self, prefill: BatchPrefill, limit: int | None) -> int:
+        remaining = prefill.remaining_tokens
+        cap = min(remaining, self.room, remaining if limit is None else limit)
+        if cap <= 0:
+            return 0
+        if cap == remaining and self._fits(remaining, prefill.prefix_tokens):
+            return remaining
+        # Step time never falls as a chunk grows (non-negative coefficients), so the fitting
+        # block multiples are a prefix of 1..cap//block: binary search for the last one.
+        lo, hi = 0, cap // self.block_size
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if self._fits(mid * self.block_size, prefill.prefix_tokens):
+                lo = mid
+            else:
+                hi = mid - 1
+        return lo * self.block_size
+
+    def _fits(self, tokens: int, prefix_tokens: int) -> bool:
+        chunk = PrefillChunk(tokens, prefix_tokens)
+        step = StepBatch((*self._prefills, chunk), self._decode_seqs, self._decode_context)
+        return self.model.step_seconds(step) <= self.target_s
+
+
+def size_batch_prefills(
+    model: StepTimeModel,
+    target_s: float,
+    token_room: int,
+    fixed: StepBatch,
+    prefills: list[BatchPrefill],
+    block_size: int = 16,
+    min_chunk_tokens: int = 0,
+) -> list[int]:
+    """Prefill tokens for each of `prefills`, in order (the engine's order: running first, then
+    waiting by priority), beside the step's `fixed` part; see the module docstring."""
+    budget = StepBudget(model, target_s, token_room, fixed, block_size, min_chunk_tokens)
+    return [budget.grant(p) for p in prefills]

@@ -1,0 +1,265 @@
+"""The engine plug-in: vLLM's v1 scheduler with a per-class, position-aware batch step budget.
+
+Selected with `scheduler-cls` in an engine config (`BudgetScheduler` where vLLM schedules
+synchronously, as on CPU; `AsyncBudgetScheduler` where it schedules asynchronously, as on GPU); it
+runs inside the engine-core process, which finds this package on the replica's PYTHONPATH.
+
+The invariant it serves: **chat is never cut, and no step carries more batch prefill than fits the
+batch step target beside this step's real chat load.** Stock vLLM serves its running list before
+its waiting queue, whatever the priorities, so a batch prefill already running takes the step
+budget ahead of a chat prompt that arrives after it, and a long batch prompt starves new chats for
+its whole prefill. Every step, before vLLM schedules anything, the plug-in
+
+1. reserves the step's tokens for what is never cut: every decode (chat and batch: one token
+   each), the running chat prefills, then the waiting chat prompts in priority order while seats
+   last (chat prompts may use the engine's whole step budget);
+2. prices that fixed part with the controller's latency model, and gives each batch prefill, in
+   the order vLLM reaches it, the largest chunk at its real prefix position that keeps the step
+   within the target and the reserved room (`scheduler.step_budget.StepBudget.grant`).
+
+The cap is applied where vLLM 0.32 sizes a request's chunk after every other cap,
+`Scheduler._reserve_prefill_lookahead`, called for running and waiting requests alike. A batch
+request granted 0 is skipped (running) or ends the waiting pass (waiting): under priority
+scheduling every waiting chat is ahead of every waiting batch request, so nothing chat is lost.
+
+Without a control document the plug-in only observes (stock scheduling, status still written);
+see `control_channel` for expiry and rejection. Any exception inside the plug-in falls back to stock
+behaviour for that step and is logged once per place: the engine never dies because of it.
+
+vLLM private names this depends on (checked by `tests/unit/test_engine_plugin_canary.py`):
+`Scheduler.schedule`, `Scheduler._reserve_prefill_lookahead(request, num_computed_tokens,
+num_new_tokens)`, `Scheduler.update_from_output(scheduler_output, model_runner_output)`,
+`Scheduler.running`, `.waiting` (iterable in policy order), `.requests`, `.block_size`,
+`.max_num_scheduled_tokens`, `.max_num_running_reqs`, `.policy`,
+`.scheduler_config.long_prefill_token_threshold`; `Request.request_id`, `.priority`,
+`.num_tokens`, `.num_computed_tokens`, `.num_output_tokens`, `.arrival_time`, `.is_finished()`;
+`SchedulerOutput.num_scheduled_tokens`.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections import deque
+from pathlib import Path
+
+from scheduler.step import PrefillChunk, StepBatch
+from scheduler.step_budget import BatchPrefill, StepBudget, is_batch
+from serving.engine_site.control_channel import ControlChannel, Directive
+from serving.engine_site.engine_status import EngineStatus, StepRecord
+
+CONTROL_DIR_ENV = "NIGHTSHIFT_CONTROL_DIR"
+CONTROL_FILE = "control.json"
+STATUS_FILE = "status.json"
+
+try:  # inside the engine, log through vLLM's logger so lines land in the replica's log
+    from vllm.logger import init_logger
+
+    _logger = init_logger("vllm.nightshift")
+    _info, _warn = _logger.info, _logger.warning
+except ImportError:  # pragma: no cover - only outside an engine venv
+    import logging
+
+    _logger = logging.getLogger("nightshift.engine_site")
+    _info, _warn = _logger.info, _logger.warning
+
+
+class _Plugin:
+    """The plug-in's state beside one scheduler: channel, status, this step's budget."""
+
+    def __init__(self, sched) -> None:
+        folder = os.environ.get(CONTROL_DIR_ENV)
+        self.logged: set[str] = set()
+        self.channel = ControlChannel(Path(folder) / CONTROL_FILE, _info) if folder else None
+        self.status = EngineStatus(Path(folder) / STATUS_FILE if folder else None)
+        self.directive: Directive | None = None
+        self.budget: StepBudget | None = None
+        self.pending: deque[tuple[float, StepRecord]] = deque()
+        self.last_update = 0.0
+        self.last_token: dict[str, float] = {}
+        if folder is None:
+            _warn("nightshift plug-in: %s not set, so no control document: stock scheduling",
+                  CONTROL_DIR_ENV)  # fmt: skip
+        elif sched.policy.name != "PRIORITY":
+            _warn("nightshift plug-in: scheduling-policy is %s, not priority: a waiting batch "
+                  "request may be ahead of chat", sched.policy.name)  # fmt: skip
+        _info("nightshift plug-in loaded (control folder %s)", folder)
+
+    def once(self, where: str, exc: BaseException) -> None:
+        """Log a failure at `where` the first time it happens; the step goes on as stock vLLM."""
+        self.status.errors += 1
+        if where not in self.logged:
+            self.logged.add(where)
+            _warn("nightshift plug-in: %s failed (%r); stock behaviour for such steps", where, exc)
+
+    def control_fields(self) -> dict:
+        d, ch = self.directive, self.channel
+        return {
+            "state": d.state if d else "inert",
+            "control_seq": d.seq if d else None,
+            "batch_step_target_ms": 1000 * d.target_s if d else None,
+            "rejected": ch.rejected if ch else 0,
+            "last_rejection": ch.last_rejection if ch else None,
+        }
+
+    # -- before vLLM schedules: the chat reservation and this step's budget --------------------
+
+    def begin_step(self, sched) -> None:
+        self.budget = None
+        self.directive = self.channel.directive() if self.channel else None
+        d = self.directive
+        if d is None:
+            return
+        fixed, reserved = chat_reservation(sched)
+        room = 0 if not d.sizing else sched.max_num_scheduled_tokens - reserved
+        self.budget = StepBudget(d.model, d.target_s, room, fixed, sched.block_size,
+                                 d.min_chunk_tokens)  # fmt: skip
+
+    def cap(self, request, num_computed_tokens: int, num_new_tokens: int) -> int:
+        """The chunk vLLM may schedule for `request`: its own for chat and decodes, the grant
+        for a batch prefill."""
+        left = request.num_tokens - num_computed_tokens
+        if self.budget is None or left <= 1 or not is_batch(request.priority):
+            return num_new_tokens
+        return self.budget.grant(BatchPrefill(num_computed_tokens, left), limit=num_new_tokens)
+
+    # -- after: what was scheduled, what it cost, what chat saw --------------------------------
+
+    def scheduled(self, sched, output) -> None:
+        rec = StepRecord()
+        chunks, decodes, context = [], 0, 0
+        for rid, n in output.num_scheduled_tokens.items():
+            req = sched.requests[rid]
+            before = req.num_computed_tokens - n
+            batch = is_batch(req.priority)
+            if req.num_tokens - before <= 1:
+                decodes, context = decodes + 1, context + before
+                rec.batch_decode += n if batch else 0
+                rec.chat_decode += 0 if batch else n
+            else:
+                chunks.append(PrefillChunk(n, before))
+                rec.batch_prefill += n if batch else 0
+                rec.chat_prefill += 0 if batch else n
+        if self.directive is not None:
+            step = StepBatch(tuple(chunks), decodes, context)
+            rec.predicted_s = self.directive.model.step_seconds(step)
+        self.pending.append((time.monotonic(), rec))
+
+    def chat_counts(self, sched, output) -> list[tuple[object, int]]:
+        reqs = (sched.requests.get(rid) for rid in output.num_scheduled_tokens)
+        return [
+            (r, r.num_output_tokens) for r in reqs if r is not None and not is_batch(r.priority)
+        ]
+
+    def updated(self, sched, chat_before: list[tuple[object, int]]) -> None:
+        now, wall = time.monotonic(), time.time()
+        if self.pending:
+            t_sched, rec = self.pending.popleft()
+            self.status.step(rec, now - max(t_sched, self.last_update))
+        self.last_update = now
+        for req, count in chat_before:
+            if req.num_output_tokens <= count:
+                continue
+            last = self.last_token.get(req.request_id)
+            if last is None:
+                self.status.chat_ttft.observe(max(0.0, wall - req.arrival_time))
+            else:
+                self.status.chat_itl.observe(now - last)
+            self.last_token[req.request_id] = now
+            if req.is_finished():
+                del self.last_token[req.request_id]
+        if self.status.maybe_write(now, self.control_fields()):
+            for rid in [r for r in self.last_token if r not in sched.requests]:
+                del self.last_token[rid]
+
+
+def chat_reservation(sched) -> tuple[StepBatch, int]:
+    """The part of the next step that is never cut, and its tokens: every decode, running chat
+    prefills, then waiting chat prompts in priority order while tokens and seats last."""
+    tokens = sched.max_num_scheduled_tokens
+    threshold = sched.scheduler_config.long_prefill_token_threshold or tokens
+    chunks: list[PrefillChunk] = []
+    decodes = context = reserved = 0
+    for req in sched.running:
+        left = req.num_tokens - req.num_computed_tokens
+        if left <= 1:
+            decodes, context, reserved = (
+                decodes + 1,
+                context + req.num_computed_tokens,
+                reserved + 1,
+            )
+        elif not is_batch(req.priority) and reserved < tokens:
+            n = min(left, threshold, tokens - reserved)
+            chunks.append(PrefillChunk(n, req.num_computed_tokens))
+            reserved += n
+    seats = sched.max_num_running_reqs - len(sched.running)
+    for req in sched.waiting:
+        if is_batch(req.priority) or seats <= 0 or reserved >= tokens:
+            break
+        n = min(req.num_tokens - req.num_computed_tokens, threshold, tokens - reserved)
+        chunks.append(PrefillChunk(n, req.num_computed_tokens))
+        reserved, seats = reserved + n, seats - 1
+    return StepBatch(tuple(chunks), decodes, context), min(reserved, tokens)
+
+
+class BudgetSchedulerMixin:
+    """The three overrides; everything else is vLLM's. Put before the vLLM class in the bases."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self._nightshift = _Plugin(self)
+
+    def schedule(self, *args, **kwargs):
+        plugin = self._nightshift
+        try:
+            plugin.begin_step(self)
+        except Exception as exc:  # noqa: BLE001 - never let the plug-in stop the engine
+            plugin.budget = None
+            plugin.once("step budget", exc)
+        output = super().schedule(*args, **kwargs)
+        plugin.budget = None
+        try:
+            plugin.scheduled(self, output)
+        except Exception as exc:  # noqa: BLE001
+            plugin.once("step record", exc)
+        return output
+
+    def _reserve_prefill_lookahead(self, request, num_computed_tokens, num_new_tokens):
+        n = super()._reserve_prefill_lookahead(request, num_computed_tokens, num_new_tokens)
+        plugin = self._nightshift
+        if plugin.budget is None or n <= 0:
+            return n
+        try:
+            return min(n, plugin.cap(request, num_computed_tokens, n))
+        except Exception as exc:  # noqa: BLE001
+            plugin.budget = None
+            plugin.once("chunk cap", exc)
+            return n
+
+    def update_from_output(self, scheduler_output, model_runner_output):
+        plugin = self._nightshift
+        try:
+            chat_before = plugin.chat_counts(self, scheduler_output)
+        except Exception as exc:  # noqa: BLE001
+            chat_before = []
+            plugin.once("chat tokens", exc)
+        outputs = super().update_from_output(scheduler_output, model_runner_output)
+        try:
+            plugin.updated(self, chat_before)
+        except Exception as exc:  # noqa: BLE001
+            plugin.once("status", exc)
+        return outputs
+
+
+try:
+    from vllm.v1.core.sched.async_scheduler import AsyncScheduler
+    from vllm.v1.core.sched.scheduler import Scheduler
+except ImportError:  # pragma: no cover - the control plane imports this module without vLLM
+    pass
+else:
+
+    class BudgetScheduler(BudgetSchedulerMixin, Scheduler):
+        """vLLM's synchronous v1 scheduler with the batch step budget (CPU replicas)."""
+
+    class AsyncBudgetScheduler(BudgetSchedulerMixin, AsyncScheduler):
+        """vLLM's asynchronous v1 scheduler with the batch step budget (GPU replicas)."""

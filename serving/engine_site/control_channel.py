@@ -1,0 +1,139 @@
+"""The plug-in's side of the control document: poll the file, keep the last valid one, decide.
+
+Runs inside the engine-core process, on the scheduler's thread, once per step; it touches the file
+system at most every `poll_s` (a `stat`, and a read only when the file changed), so a step pays
+nothing measurable for it.
+
+What the plug-in does follows from what the channel has seen, never from guesses:
+- no valid document ever: `None`, the plug-in is inert and the engine is stock vLLM;
+- a valid document before its `expires_at`: apply it;
+- past `expires_at`, or the file gone or unreadable after a valid one: pause batch prefill, since
+  a controller was in charge and went silent;
+- an invalid or stale document (bad JSON, unknown key, wrong type, `seq` not above the last): it
+  is rejected with its reason (counted, logged once per distinct reason) and the previous valid
+  document stays in force until it expires.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from scheduler import control_document
+from scheduler.control_document import ControlDocument, ControlDocumentError
+from scheduler.latency_model import LatencyModel
+
+DEFAULT_POLL_S = 0.025
+
+
+@dataclass(frozen=True, slots=True)
+class Directive:
+    """What the plug-in applies this step."""
+
+    state: str
+    """`active` (sizing to the target), `paused` (by the document), `expired` or `lost` (the
+    controller went silent); every state but `active` grants batch prefill nothing."""
+    seq: int
+    target_s: float
+    model: LatencyModel
+    min_chunk_tokens: int
+
+    @property
+    def sizing(self) -> bool:
+        return self.state == "active"
+
+
+class ControlChannel:
+    """Reads `path` (written atomically by the controller) and says what to apply."""
+
+    def __init__(
+        self,
+        path: str | Path,
+        log: Callable[[str], None],
+        poll_s: float = DEFAULT_POLL_S,
+        wall: Callable[[], float] = time.time,
+        monotonic: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.path = Path(path)
+        self.poll_s = poll_s
+        self._log = log
+        self._wall, self._monotonic = wall, monotonic
+        self._next_poll = 0.0
+        self._seen: tuple[int, int, int] | None = None
+        self._doc: ControlDocument | None = None
+        self._lost = False
+        self.rejected = 0
+        self.last_rejection: str | None = None
+        self._reasons_logged: set[str] = set()
+
+    def directive(self) -> Directive | None:
+        """What to apply now; None while no valid document was ever read (stock behaviour)."""
+        now = self._monotonic()
+        if now >= self._next_poll:
+            self._next_poll = now + self.poll_s
+            self._poll()
+        doc = self._doc
+        if doc is None:
+            return None
+        if self._lost:
+            state = "lost"
+        elif doc.expired(self._wall()):
+            state = "expired"
+        else:
+            state = "paused" if doc.pause else "active"
+        return Directive(
+            state, doc.seq, doc.batch_step_target_ms / 1000.0, doc.latency_model,
+            doc.min_chunk_tokens,
+        )  # fmt: skip
+
+    def _poll(self) -> None:
+        try:
+            st = os.stat(self.path)
+        except FileNotFoundError:
+            self._lose("control document removed")
+            return
+        except OSError as exc:
+            self._lose(f"control document unreadable: {exc}")
+            return
+        key = (st.st_ino, st.st_mtime_ns, st.st_size)
+        if key == self._seen:
+            return
+        self._seen = key
+        try:
+            text = self.path.read_bytes()
+        except OSError as exc:
+            self._lose(f"control document unreadable: {exc}")
+            return
+        self._accept(text)
+
+    def _accept(self, text: bytes) -> None:
+        try:
+            doc = control_document.parse(text)
+        except ControlDocumentError as exc:
+            self._reject(str(exc))
+            return
+        if self._doc is not None and doc.seq <= self._doc.seq:
+            if doc.seq < self._doc.seq or doc != self._doc:
+                self._reject(f"stale seq {doc.seq}: last applied is {self._doc.seq}")
+            return
+        if self._lost or self._doc is None:
+            self._log(f"control document seq {doc.seq} applied: target "
+                      f"{doc.batch_step_target_ms:g} ms{' (pause)' if doc.pause else ''}")  # fmt: skip
+        self._doc, self._lost = doc, False
+
+    def _lose(self, reason: str) -> None:
+        self._seen = None
+        if self._doc is not None and not self._lost:
+            self._lost = True
+            self._log(f"{reason} after seq {self._doc.seq}: batch prefill paused")
+
+    def _reject(self, reason: str) -> None:
+        self.rejected += 1
+        self.last_rejection = reason
+        kind = reason.split(":")[0]
+        if kind not in self._reasons_logged:
+            self._reasons_logged.add(kind)
+            self._log(f"control document rejected ({reason}); previous one kept")

@@ -1,0 +1,162 @@
+"""What the plug-in reports about its engine: step counts and times, tokens by class, chat's own
+token gaps, written as a status document about once a second.
+
+Everything is cumulative since the engine started (like Prometheus counters), so a reader turns
+two documents into a window by subtraction; `recent` holds the figures of the last interval only,
+for a person reading `nightshift engine status`.
+
+Chat's token gaps are kept apart from batch's on purpose: vLLM's `inter_token_latency_seconds`
+histogram counts every sequence's tokens, so a replica running batch alone looks like a replica
+with slow chat, and a replica whose new chats wait behind a batch prefill produces no chat gaps at
+all and looks healthy. Here a gap counts only when a chat request gets a token, and chat's time to
+first token is recorded from the request's arrival, so chat is judged by chat's own numbers.
+"""
+
+from __future__ import annotations
+
+import bisect
+import json
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+FORMAT = "nightshift.engine_status/1"
+GAP_BOUNDS_S = (
+    0.002, 0.004, 0.006, 0.008, 0.01, 0.0125, 0.015, 0.0175, 0.02, 0.025, 0.03, 0.035, 0.04,
+    0.05, 0.06, 0.075, 0.1, 0.125, 0.15, 0.2, 0.25, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0,
+)  # fmt: skip
+"""Chat ITL bucket bounds (seconds): fine where SLOs of tens of milliseconds fall."""
+TTFT_BOUNDS_S = (
+    0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0,
+    20.0, 60.0,
+)  # fmt: skip
+"""Chat TTFT bucket bounds (seconds)."""
+WRITE_EVERY_S = 1.0
+
+
+@dataclass
+class Buckets:
+    """A cumulative histogram: `counts[i]` observations <= `bounds[i]`, the last slot +Inf."""
+
+    bounds: tuple[float, ...]
+    counts: list[int] = field(default_factory=list)
+    total: float = 0.0
+
+    def __post_init__(self) -> None:
+        if not self.counts:
+            self.counts = [0] * (len(self.bounds) + 1)
+
+    def observe(self, value: float) -> None:
+        self.counts[bisect.bisect_left(self.bounds, value)] += 1
+        self.total += value
+
+    def to_dict(self) -> dict:
+        cumulative, running = [], 0
+        for c in self.counts:
+            running += c
+            cumulative.append(running)
+        return {"bounds": list(self.bounds), "cumulative": cumulative, "count": running,
+                "sum": self.total}  # fmt: skip
+
+
+@dataclass
+class Totals:
+    """Counters over many steps."""
+
+    steps: int = 0
+    batch_prefill_tokens: int = 0
+    batch_decode_tokens: int = 0
+    chat_prefill_tokens: int = 0
+    chat_decode_tokens: int = 0
+    batch_prefill_steps: int = 0
+    """Steps that carried at least one batch prefill chunk."""
+    measured_s: float = 0.0
+    predicted_s: float = 0.0
+    predicted_steps: int = 0
+    """Steps with a prediction (a latency model from the control document); `predicted_s` and
+    `measured_when_predicted_s` sum over these only, so their ratio is the model's error."""
+    measured_when_predicted_s: float = 0.0
+    max_measured_s: float = 0.0
+
+
+@dataclass
+class StepRecord:
+    """One step as scheduled: tokens by class, and the model's prediction when there was one."""
+
+    batch_prefill: int = 0
+    batch_decode: int = 0
+    chat_prefill: int = 0
+    chat_decode: int = 0
+    predicted_s: float | None = None
+
+
+class EngineStatus:
+    """Accumulates steps and chat gaps; `maybe_write` puts the document at `path` atomically."""
+
+    def __init__(self, path: str | Path | None, wall=time.time) -> None:
+        self.path = Path(path) if path else None
+        self._wall = wall
+        self.totals = Totals()
+        self._recent = Totals()
+        self.chat_itl = Buckets(GAP_BOUNDS_S)
+        self.chat_ttft = Buckets(TTFT_BOUNDS_S)
+        self._last_write = 0.0
+        self.errors = 0
+
+    def step(self, rec: StepRecord, measured_s: float) -> None:
+        for t in (self.totals, self._recent):
+            t.steps += 1
+            t.batch_prefill_tokens += rec.batch_prefill
+            t.batch_decode_tokens += rec.batch_decode
+            t.chat_prefill_tokens += rec.chat_prefill
+            t.chat_decode_tokens += rec.chat_decode
+            t.batch_prefill_steps += rec.batch_prefill > 0
+            t.measured_s += measured_s
+            t.max_measured_s = max(t.max_measured_s, measured_s)
+            if rec.predicted_s is not None:
+                t.predicted_steps += 1
+                t.predicted_s += rec.predicted_s
+                t.measured_when_predicted_s += measured_s
+
+    def document(self, control: dict) -> dict:
+        r = self._recent
+        recent = {
+            "steps": r.steps,
+            "batch_prefill_tokens_per_step": r.batch_prefill_tokens / r.steps if r.steps else 0,
+            "batch_prefill_tokens_per_batch_step": (
+                r.batch_prefill_tokens / r.batch_prefill_steps if r.batch_prefill_steps else 0
+            ),
+            "mean_step_ms": 1000 * r.measured_s / r.steps if r.steps else None,
+            "max_step_ms": 1000 * r.max_measured_s if r.steps else None,
+            "mean_predicted_ms": (
+                1000 * r.predicted_s / r.predicted_steps if r.predicted_steps else None
+            ),
+        }
+        return {
+            "format": FORMAT,
+            "written_at": self._wall(),
+            "pid": os.getpid(),
+            **control,
+            "totals": self.totals.__dict__.copy(),
+            "recent": recent,
+            "chat_itl_seconds": self.chat_itl.to_dict(),
+            "chat_ttft_seconds": self.chat_ttft.to_dict(),
+            "plugin_errors": self.errors,
+        }
+
+    def maybe_write(self, now_mono: float, control: dict) -> bool:
+        """Write the document if `WRITE_EVERY_S` passed since the last write; True if written."""
+        if self.path is None or now_mono - self._last_write < WRITE_EVERY_S:
+            return False
+        self._last_write = now_mono
+        write_atomically(self.path, json.dumps(self.document(control)))
+        self._recent = Totals()
+        return True
+
+
+def write_atomically(path: Path, text: str) -> None:
+    """Readers see the old document or the new one, never half of one (`os.replace`)."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)

@@ -1,0 +1,68 @@
+"""Which replica a person or a controller means, and the latency fit its plug-in prices with.
+
+A replica is named as `nightshift engine status` lists it, or by URL. One recorded under the state
+folder is reached through its control folder; any other URL through its control route.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from scheduler.latency_model import LatencyModel
+from serving.engine_config import EngineConfigError, load_engine_config
+from serving.engine_control import ControlTarget
+from serving.launcher import Replica, ReplicaSet
+
+
+class ReplicaLookupError(ValueError):
+    """A replica or latency fit that cannot be found; the message says what exists."""
+
+
+def fit_path(config_path: str | Path, config_name: str) -> Path:
+    """Where an engine config's latency fit lives: `fits/<name>.json` beside the config."""
+    return Path(config_path).parent / "fits" / f"{config_name}.json"
+
+
+def latency_model_for(config_path: str | Path) -> LatencyModel:
+    """The latency fit of the engine config at `config_path`."""
+    try:
+        config = load_engine_config(config_path)
+    except EngineConfigError as exc:
+        raise ReplicaLookupError(str(exc)) from None
+    path = fit_path(config_path, config.name)
+    if not path.is_file():
+        raise ReplicaLookupError(
+            f"{config_path}: no latency fit at {path}; measure one with `nightshift calibrate "
+            f"--engine-config {config_path} --out {path}` or pass --latency-model"
+        )
+    return LatencyModel.from_json(path)
+
+
+def resolve_target(
+    replica: str,
+    state_dir: str | Path,
+    latency_model: str | Path | None = None,
+    api_key: str | None = None,
+) -> tuple[ControlTarget, LatencyModel]:
+    """The control target for `replica` (a recorded name or a URL) and the model to send it."""
+    recorded = ReplicaSet(state_dir).load()
+    found = _find(recorded, replica)
+    if found is None and not replica.startswith(("http://", "https://")):
+        names = ", ".join(r.name for r in recorded) or "none recorded"
+        raise ReplicaLookupError(f"no replica named {replica!r} under {state_dir} ({names})")
+    if latency_model is not None:
+        model = LatencyModel.from_json(latency_model)
+    elif found is not None:
+        model = latency_model_for(found.config)
+    else:
+        raise ReplicaLookupError(f"{replica} is not recorded here: pass --latency-model")
+    if found is not None:
+        return ControlTarget(found.name, folder=found.control_dir, base_url=found.base_url), model
+    return ControlTarget(replica, base_url=replica, api_key=api_key), model
+
+
+def _find(recorded: list[Replica], replica: str) -> Replica | None:
+    for r in recorded:
+        if replica in (r.name, r.base_url, r.base_url + "/"):
+            return r
+    return None

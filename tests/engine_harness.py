@@ -1,0 +1,183 @@
+"""Drives vLLM's real v1 scheduler classes, stock and with the plug-in, with no model behind them.
+
+Runs in the engine environment (`.venv-engine/bin/python -m tests.engine_harness CASE...`), which
+has vLLM; prints one JSON object of what each case observed, for `test_budget_scheduler.py` to
+judge. A fake model output samples one token for every request whose scheduled tokens reach the
+end of what it had to compute, exactly what the model runner would report.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+os.environ.setdefault("VLLM_ALLOW_LONG_MAX_MODEL_LEN", "1")  # no model runs here
+
+import torch  # noqa: E402
+from vllm.config import CacheConfig, ModelConfig, SchedulerConfig, VllmConfig
+from vllm.sampling_params import SamplingParams
+from vllm.v1.core.sched.scheduler import Scheduler
+from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
+from vllm.v1.outputs import ModelRunnerOutput
+from vllm.v1.request import Request
+from vllm.v1.structured_output import StructuredOutputManager
+
+from scheduler.latency_model import LatencyModel
+from serving import engine_control, local_models
+from serving.engine_site import budget_scheduler
+
+BUDGET = 512
+BLOCK = 16
+# Step time grows 0.1 ms per scheduled token over a 5 ms floor; prefix tokens cost 1 us each.
+MODEL = LatencyModel(
+    s_per_token=1e-4, s_weight_read=0.005, s_per_chunk_prefix_token=1e-6, s_per_decode_seq=1e-4
+)
+
+
+def make(cls: type, folder: Path | None):
+    if folder is None:
+        os.environ.pop(budget_scheduler.CONTROL_DIR_ENV, None)
+    else:
+        os.environ[budget_scheduler.CONTROL_DIR_ENV] = str(folder)
+    model = ModelConfig(
+        model=str(local_models.resolve("tiny")), dtype="float32", max_model_len=40000
+    )
+    sched = SchedulerConfig(
+        max_num_seqs=16,
+        max_num_batched_tokens=BUDGET,
+        max_model_len=40000,
+        enable_chunked_prefill=True,
+        long_prefill_token_threshold=BUDGET,
+        policy="priority",
+        is_encoder_decoder=False,
+    )
+    cache = CacheConfig(block_size=BLOCK, cache_dtype="auto", enable_prefix_caching=False)
+    cache.num_gpu_blocks = 8000
+    config = VllmConfig(scheduler_config=sched, model_config=model, cache_config=cache)
+    spec = FullAttentionSpec(block_size=BLOCK, num_kv_heads=1, head_size=16, dtype=torch.float32)
+    kv = KVCacheConfig(8000, [], [KVCacheGroupSpec(["layer"], spec)])
+    return cls(
+        vllm_config=config,
+        kv_cache_config=kv,
+        structured_output_manager=StructuredOutputManager(config),
+        block_size=BLOCK,
+        log_stats=False,
+    )
+
+
+def request(rid: str, prompt: int, priority: int, max_tokens: int = 8) -> Request:
+    return Request(
+        request_id=rid,
+        prompt_token_ids=[1 + i % 1000 for i in range(prompt)],
+        sampling_params=SamplingParams(max_tokens=max_tokens, ignore_eos=True),
+        pooling_params=None,
+        priority=priority,
+        arrival_time=time.time(),
+    )
+
+
+def step(s) -> dict[str, int]:
+    """One schedule + fake model output; the tokens each request got."""
+    out = s.schedule()
+    ids = list(out.num_scheduled_tokens)
+    sampled = []
+    for rid in ids:
+        req = s.requests[rid]
+        sampled.append([7] if req.num_computed_tokens >= req.num_tokens else [])
+    runner = ModelRunnerOutput(ids, {r: i for i, r in enumerate(ids)}, sampled)
+    s.update_from_output(out, runner)
+    return dict(out.num_scheduled_tokens)
+
+
+def send(folder: Path, seq: int, target_ms: float, ttl_s: float = 60.0, pause: bool = False):
+    doc = engine_control.decision_document(seq, target_ms, MODEL, ttl_s, pause)
+    engine_control.send(engine_control.ControlTarget("harness", folder=folder), doc)
+    time.sleep(0.03)  # one poll interval of the plug-in
+
+
+def chat_arrives_mid_prefill(cls, folder, target_ms):
+    """A 16k batch prompt prefilling; after 3 steps a 300-token chat arrives: per-step tokens."""
+    s = make(cls, folder)
+    if folder is not None and target_ms is not None:
+        send(folder, 1, target_ms)
+    s.add_request(request("batch", 16000, 10))
+    steps = [step(s) for _ in range(3)]
+    s.add_request(request("chat", 300, 0))
+    steps += [step(s) for _ in range(6)]
+    return steps
+
+
+def case_stock_vs_inert(folder: Path) -> dict:
+    return {
+        "stock": chat_arrives_mid_prefill(Scheduler, None, None),
+        "inert": chat_arrives_mid_prefill(budget_scheduler.BudgetScheduler, folder, None),
+    }
+
+
+def case_target(folder: Path) -> dict:
+    return {"steps": chat_arrives_mid_prefill(budget_scheduler.BudgetScheduler, folder, 30.0)}
+
+
+def case_change(folder: Path) -> dict:
+    s = make(budget_scheduler.BudgetScheduler, folder)
+    send(folder, 1, 30.0)
+    s.add_request(request("batch", 16000, 10))
+    first = step(s)["batch"]
+    send(folder, 2, 50.0)
+    second = step(s)["batch"]
+    send(folder, 3, 0.0, pause=True)
+    paused = step(s).get("batch", 0)
+    return {"first": first, "second": second, "paused": paused}
+
+
+def case_expiry(folder: Path) -> dict:
+    s = make(budget_scheduler.BudgetScheduler, folder)
+    send(folder, 1, 50.0, ttl_s=0.3)
+    s.add_request(request("decoding", 32, 10, max_tokens=50))
+    s.add_request(request("batch", 16000, 10))
+    before = step(s)
+    time.sleep(0.35)
+    s.add_request(request("chat", 64, 0, max_tokens=50))
+    after = [step(s) for _ in range(3)]
+    return {"before": before, "after": after, "status": _status(s, folder)}
+
+
+def case_malformed(folder: Path) -> dict:
+    s = make(budget_scheduler.BudgetScheduler, folder)
+    send(folder, 1, 30.0)
+    s.add_request(request("batch", 16000, 10))
+    valid = step(s)["batch"]
+    (folder / "control.json").write_text('{"seq": 2, "batch_step_target_ms": "fast"')
+    time.sleep(0.03)
+    s.add_request(request("chat", 300, 0))
+    after = [step(s) for _ in range(3)]
+    return {"valid": valid, "after": after, "status": _status(s, folder)}
+
+
+def case_garbage_first(folder: Path) -> dict:
+    (folder / "control.json").write_text("not json at all")
+    s = make(budget_scheduler.BudgetScheduler, folder)
+    s.add_request(request("batch", 16000, 10))
+    return {"steps": [step(s) for _ in range(2)], "status": _status(s, folder)}
+
+
+def _status(s, folder: Path) -> dict:
+    s._nightshift.status._last_write = -1e9
+    s._nightshift.status.maybe_write(time.monotonic(), s._nightshift.control_fields())
+    return json.loads((folder / "status.json").read_text())
+
+
+def main(cases: list[str]) -> None:
+    results = {}
+    for name in cases:
+        with tempfile.TemporaryDirectory() as tmp:
+            results[name] = globals()[f"case_{name}"](Path(tmp))
+    sys.stdout.write("\nRESULT " + json.dumps(results) + "\n")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

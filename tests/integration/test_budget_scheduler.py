@@ -1,0 +1,76 @@
+"""vLLM's real v1 scheduler with the plug-in, no model behind it (`tests/engine_harness.py`).
+
+One engine-environment process runs every case (importing vLLM costs seconds); each test judges
+one case's per-step token grants. The batch prompt is 16k tokens, the engine's step budget 512.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+
+import pytest
+
+from serving.paths import REPO_ROOT, engine_python
+
+CASES = ["stock_vs_inert", "target", "change", "expiry", "malformed", "garbage_first"]
+
+
+@pytest.fixture(scope="module")
+def seen() -> dict:
+    proc = subprocess.run(
+        [str(engine_python()), "-m", "tests.engine_harness", *CASES],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
+    assert proc.returncode == 0 and lines, proc.stderr[-3000:]
+    return json.loads(lines[-1][len("RESULT ") :])
+
+
+def test_stock_vllm_starves_a_chat_that_arrives_mid_prefill_and_no_document_is_stock(seen):
+    stock, inert = seen["stock_vs_inert"]["stock"], seen["stock_vs_inert"]["inert"]
+    assert all("chat" not in s for s in stock), "stock vLLM runs the running batch prefill first"
+    assert inert == stock
+
+
+def test_batch_is_capped_per_step_and_a_new_chat_gets_its_whole_prompt(seen):
+    steps = seen["target"]["steps"]
+    assert all(0 < s["batch"] < 512 for s in steps[:3])
+    assert steps[3]["chat"] == 300, "the chat prompt arriving mid-prefill gets all of it at once"
+    assert all(s.get("chat") == 1 for s in steps[4:]), "then it decodes every step"
+    grants = [s["batch"] for s in steps[4:]]
+    assert all(g % 16 == 0 for g in grants)
+    assert grants[-1] <= grants[0], "deeper into the prompt, the same target buys no more"
+
+
+def test_a_new_document_applies_on_the_next_step_and_pause_stops_batch_prefill(seen):
+    c = seen["change"]
+    assert 0 < c["first"] < c["second"] <= 512
+    assert c["paused"] == 0
+
+
+def test_expiry_pauses_batch_prefill_while_decodes_and_chat_go_on(seen):
+    e = seen["expiry"]
+    assert e["before"]["batch"] > 0
+    for s in e["after"]:
+        assert "batch" not in s
+        assert s["decoding"] == 1
+    assert e["after"][0]["chat"] == 64
+    assert e["status"]["state"] == "expired"
+
+
+def test_a_malformed_document_is_rejected_and_the_previous_one_kept(seen):
+    m = seen["malformed"]
+    assert m["after"][0]["chat"] == 300
+    assert [s["batch"] for s in m["after"][1:]] == [m["valid"]] * 2
+    assert m["status"]["rejected"] == 1 and "not JSON" in m["status"]["last_rejection"]
+    assert m["status"]["state"] == "active"
+
+
+def test_garbage_before_any_valid_document_leaves_the_engine_stock(seen):
+    g = seen["garbage_first"]
+    assert [s["batch"] for s in g["steps"]] == [512, 512]
+    assert g["status"]["state"] == "inert" and g["status"]["rejected"] == 1

@@ -1,0 +1,71 @@
+"""The plug-in's per-step sizing: chat never cut, position-aware, within room and block size."""
+
+from __future__ import annotations
+
+import pytest
+
+from scheduler.latency_model import LatencyModel
+from scheduler.step import PrefillChunk, StepBatch
+from scheduler.step_budget import BatchPrefill, StepBudget, is_batch, size_batch_prefills
+
+# 5 ms floor, 0.05 ms per token, attention and prefix re-reads that grow with position.
+MODEL = LatencyModel(
+    s_per_token=5e-5,
+    s_weight_read=0.005,
+    s_per_attention_unit=2e-10,
+    s_per_chunk_prefix_token=2e-7,
+    s_per_decode_seq=1e-4,
+)
+CHAT = StepBatch((PrefillChunk(128, 0),), decode_seqs=8, decode_context_tokens=8000)
+
+
+def grant(prefix: int, remaining: int = 100_000, target_ms: float = 40, room: int = 4096, **kw):
+    return size_batch_prefills(
+        MODEL, target_ms / 1000, room, CHAT, [BatchPrefill(prefix, remaining)], **kw
+    )[0]
+
+
+def test_the_same_target_gives_a_smaller_chunk_deep_in_a_long_prompt():
+    assert 0 < grant(78_000) < grant(0)
+
+
+def test_zero_when_the_target_is_below_chats_own_step():
+    chat_alone = MODEL.step_seconds(CHAT) * 1000
+    assert grant(0, target_ms=chat_alone * 0.99) == 0
+    assert grant(0, target_ms=chat_alone * 1.5) > 0
+
+
+def test_grants_are_block_multiples_within_room_and_never_past_the_prompt():
+    assert grant(0) % 16 == 0
+    assert grant(0, room=100) == 96
+    assert grant(0, room=0) == 0
+    assert grant(0, remaining=37) == 37, "the chunk that ends a prefill may be any size"
+    assert grant(0, remaining=37, room=20) == 16
+
+
+def test_the_step_with_every_grant_stays_within_the_target():
+    budget = StepBudget(MODEL, 0.040, 4096, CHAT)
+    grants = [budget.grant(BatchPrefill(p, 50_000)) for p in (0, 20_000, 60_000)]
+    assert grants[0] > 0
+    assert budget.seconds() <= 0.040
+    assert sum(grants) == budget.granted_tokens
+    assert budget.batch().prefills[0] == CHAT.prefills[0], "chat's chunk is kept whole"
+
+
+def test_a_chunk_below_the_minimum_waits_unless_it_ends_the_prefill():
+    tight = MODEL.step_seconds(CHAT) * 1000 + 1.5  # room for ~30 tokens
+    small = grant(0, target_ms=tight)
+    assert 0 < small < 64
+    assert grant(0, target_ms=tight, min_chunk_tokens=64) == 0
+    assert grant(0, remaining=small, target_ms=tight, min_chunk_tokens=64) == small
+
+
+def test_the_engines_own_cap_limits_a_grant():
+    budget = StepBudget(MODEL, 1.0, 4096, StepBatch())
+    assert budget.grant(BatchPrefill(0, 10_000), limit=200) == 192
+    assert budget.grant(BatchPrefill(0, 150), limit=150) == 150
+
+
+@pytest.mark.parametrize("priority,batch", [(0, False), (1, True), (10, True)])
+def test_priority_above_chat_is_batch(priority, batch):
+    assert is_batch(priority) is batch
