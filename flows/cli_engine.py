@@ -58,18 +58,21 @@ def up(
     state_dir: Path = StateDir,
 ) -> None:
     """Start replicas and wait until every one answers /health."""
+    from serving.engine_config import EngineConfigError
     from serving.launcher import EngineStartError, ReplicaSet, engine_argv, engine_env
     from serving.paths import SetupError
+    from serving.vllm_flags_check import check_vllm_flags
 
     config = load_config_or_exit(config_path)
     try:
+        check_vllm_flags(config, config_path)  # vLLM's own parser, before anything starts
         if dry_run:
             for i in range(replicas):
                 env = " ".join(f"{k}={shlex.quote(v)}" for k, v in engine_env(config, {}).items())
                 typer.echo(f"{env} {shlex.join(engine_argv(config, port + i, host))}".strip())
             return
         started = ReplicaSet(state_dir).up(config, str(config_path), port, replicas, host, timeout)
-    except (SetupError, EngineStartError) as exc:
+    except (SetupError, EngineStartError, EngineConfigError) as exc:
         raise fail(str(exc)) from None
     for r in started:
         typer.echo(f"{r.name}  {r.base_url}  pid {r.pid}  log {r.log}")
