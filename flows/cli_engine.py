@@ -84,6 +84,7 @@ def status(state_dir: Path = StateDir) -> None:
     from rich.console import Console
     from rich.table import Table
 
+    from serving.engine_control import ControlTarget, read_status
     from serving.launcher import ReplicaSet
 
     rows = ReplicaSet(state_dir).status()
@@ -91,9 +92,43 @@ def status(state_dir: Path = StateDir) -> None:
         typer.echo("no replicas recorded")
         return
     table = Table("replica", "url", "model", "pid", "state", "log")
+    budgets = Table("replica", "plug-in", "seq", "target ms", "batch tok/step", "step ms",
+                    "predicted ms", "steps/s", "chat ITL p99 ms", "rejected")  # fmt: skip
     for r, state in rows:
         table.add_row(r.name, r.base_url, r.served_model, str(r.pid), state, r.log)
+        doc = read_status(ControlTarget(r.name, folder=r.control_dir))
+        if doc is not None:
+            budgets.add_row(r.name, *_budget_cells(doc))
     Console().print(table)
+    if budgets.rows:
+        Console().print(budgets)
+
+
+def _budget_cells(doc: dict) -> list[str]:
+    """One replica's plug-in status, as `engine status` shows it."""
+    from serving.metrics import Histogram, histogram_quantile
+
+    recent, itl = doc.get("recent", {}), doc.get("chat_itl_seconds", {})
+
+    def num(v, fmt=".1f"):
+        return "-" if v is None else format(v, fmt)
+
+    p99 = None
+    if itl.get("count"):
+        h = Histogram((*itl["bounds"], float("inf")), tuple(itl["cumulative"]), itl["count"],
+                      itl["sum"])  # fmt: skip
+        p99 = histogram_quantile(h, 0.99)
+    return [
+        doc.get("state", "?"),
+        num(doc.get("control_seq"), "d"),
+        num(doc.get("batch_step_target_ms")),
+        num(recent.get("batch_prefill_tokens_per_batch_step")),
+        num(recent.get("mean_step_ms")),
+        num(recent.get("mean_predicted_ms")),
+        num(recent.get("steps")),
+        num(None if p99 is None else 1000 * p99),
+        str(doc.get("rejected", 0)),
+    ]
 
 
 @engine_app.command("down")
@@ -133,3 +168,40 @@ def build(
         *(["--force"] if force else []),
     ]
     sys.exit(subprocess.call(cmd))
+
+
+@engine_app.command("budget")
+def budget(
+    replica: str = typer.Argument(..., help="A replica's name (see `engine status`) or its URL."),
+    target_ms: float = typer.Option(
+        None, "--target-ms", min=0, help="Batch step target: the step time batch chunks fit."
+    ),
+    pause: bool = typer.Option(False, "--pause", help="Stop batch prefill; chat goes on."),
+    ttl_s: float = typer.Option(
+        3600.0, "--ttl-s", min=1, help="Seconds until the plug-in pauses batch unless renewed."
+    ),
+    min_chunk_tokens: int = typer.Option(0, min=0, help="Smallest batch chunk worth a step."),
+    latency_model: Path = typer.Option(
+        None, help="Latency fit to price chunks with; default: the replica config's fit."
+    ),
+    api_key: str = typer.Option(
+        None, envvar="NIGHTSHIFT_REPLICA_API_KEY", help="The replica's API key (remote replicas)."
+    ),
+    state_dir: Path = StateDir,
+) -> None:
+    """Set a replica's batch step budget by hand (what the controller does every interval)."""
+    from serving import engine_control
+    from serving.replica_targets import ReplicaLookupError, resolve_target
+
+    if (target_ms is None) == (not pause):
+        raise fail("give exactly one of --target-ms X or --pause")
+    try:
+        target, model = resolve_target(replica, state_dir, latency_model, api_key)
+        doc = engine_control.decision_document(
+            engine_control.next_seq(), target_ms or 0.0, model, ttl_s, pause, min_chunk_tokens
+        )
+        engine_control.send(target, doc)
+    except (ReplicaLookupError, engine_control.ControlError, ValueError) as exc:
+        raise fail(str(exc)) from None
+    what = "batch prefill paused" if pause else f"batch step target {target_ms:g} ms"
+    typer.echo(f"{target.name}: {what} (seq {doc.seq}, expires in {ttl_s:g} s)")

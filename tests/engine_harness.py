@@ -165,6 +165,56 @@ def case_garbage_first(folder: Path) -> dict:
     return {"steps": [step(s) for _ in range(2)], "status": _status(s, folder)}
 
 
+def case_canary(folder: Path) -> dict:
+    """Every vLLM internal the plug-in relies on (budget_scheduler's docstring), by name,
+    signature and call site; a list of what changed, empty when nothing did."""
+    import inspect
+
+    import vllm
+    from vllm.v1.core.sched.async_scheduler import AsyncScheduler
+
+    problems = []
+    signatures = {
+        "schedule": ["self", "throttle_prefills"],
+        "_reserve_prefill_lookahead": ["self", "request", "num_computed_tokens", "num_new_tokens"],
+        "update_from_output": ["self", "scheduler_output", "model_runner_output"],
+    }
+    for name, params in signatures.items():
+        fn = getattr(Scheduler, name, None)
+        got = list(inspect.signature(fn).parameters) if fn else None
+        if got != params:
+            problems.append(f"Scheduler.{name} signature is {got}, the plug-in expects {params}")
+    source = inspect.getsource(Scheduler.schedule)
+    calls = source.count("self._reserve_prefill_lookahead(")
+    if calls != 2:
+        problems.append(f"schedule() calls _reserve_prefill_lookahead {calls} times, not 2 "
+                        "(once for running, once for waiting requests)")  # fmt: skip
+    elif source.index("long_prefill_token_threshold < num_new_tokens") > source.index(
+        "self._reserve_prefill_lookahead("
+    ):
+        problems.append("schedule() applies long_prefill_token_threshold after the hook")
+    if not issubclass(AsyncScheduler, Scheduler):
+        problems.append("AsyncScheduler no longer subclasses Scheduler")
+    s = make(budget_scheduler.BudgetScheduler, folder)
+    for attr in ("running", "waiting", "requests", "block_size", "max_num_scheduled_tokens",
+                 "max_num_running_reqs", "policy", "scheduler_config"):  # fmt: skip
+        if not hasattr(s, attr):
+            problems.append(f"Scheduler has no attribute {attr!r}")
+    if not hasattr(s.scheduler_config, "long_prefill_token_threshold"):
+        problems.append("SchedulerConfig has no long_prefill_token_threshold")
+    r = request("probe", 32, 5)
+    for attr in ("request_id", "priority", "num_tokens", "num_computed_tokens",
+                 "num_output_tokens", "arrival_time", "is_finished"):  # fmt: skip
+        if not hasattr(r, attr):
+            problems.append(f"Request has no attribute {attr!r}")
+    for prio in (10, 0, 5):
+        s.add_request(request(f"q{prio}", 32, prio))
+    order = [q.priority for q in s.waiting]
+    if order != [0, 5, 10]:
+        problems.append(f"iterating the waiting queue gives priorities {order}, not in order")
+    return {"vllm": vllm.__version__, "problems": problems}
+
+
 def _status(s, folder: Path) -> dict:
     s._nightshift.status._last_write = -1e9
     s._nightshift.status.maybe_write(time.monotonic(), s._nightshift.control_fields())

@@ -126,7 +126,7 @@ class _Plugin:
     # -- after: what was scheduled, what it cost, what chat saw --------------------------------
 
     def scheduled(self, sched, output) -> None:
-        rec = StepRecord()
+        rec = StepRecord(scheduled_at=time.time())
         chunks, decodes, context = [], 0, 0
         for rid, n in output.num_scheduled_tokens.items():
             req = sched.requests[rid]

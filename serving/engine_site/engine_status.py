@@ -89,6 +89,8 @@ class StepRecord:
     chat_prefill: int = 0
     chat_decode: int = 0
     predicted_s: float | None = None
+    scheduled_at: float = 0.0
+    """Wall time the step was scheduled."""
 
 
 class EngineStatus:
@@ -103,8 +105,11 @@ class EngineStatus:
         self.chat_ttft = Buckets(TTFT_BOUNDS_S)
         self._last_write = 0.0
         self.errors = 0
+        self.last_batch_prefill_at: float | None = None
 
     def step(self, rec: StepRecord, measured_s: float) -> None:
+        if rec.batch_prefill:
+            self.last_batch_prefill_at = rec.scheduled_at
         for t in (self.totals, self._recent):
             t.steps += 1
             t.batch_prefill_tokens += rec.batch_prefill
@@ -142,6 +147,7 @@ class EngineStatus:
             "recent": recent,
             "chat_itl_seconds": self.chat_itl.to_dict(),
             "chat_ttft_seconds": self.chat_ttft.to_dict(),
+            "last_batch_prefill_at": self.last_batch_prefill_at,
             "plugin_errors": self.errors,
         }
 

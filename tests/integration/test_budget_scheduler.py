@@ -13,7 +13,7 @@ import pytest
 
 from serving.paths import REPO_ROOT, engine_python
 
-CASES = ["stock_vs_inert", "target", "change", "expiry", "malformed", "garbage_first"]
+CASES = ["canary", "stock_vs_inert", "target", "change", "expiry", "malformed", "garbage_first"]
 
 
 @pytest.fixture(scope="module")
@@ -74,3 +74,9 @@ def test_garbage_before_any_valid_document_leaves_the_engine_stock(seen):
     g = seen["garbage_first"]
     assert [s["batch"] for s in g["steps"]] == [512, 512]
     assert g["status"]["state"] == "inert" and g["status"]["rejected"] == 1
+
+
+def test_canary_the_vllm_internals_the_plugin_relies_on_are_unchanged(seen):
+    """Fails naming each vLLM name, signature or call site that moved (vLLM changes fast)."""
+    canary = seen["canary"]
+    assert canary["problems"] == [], f"vLLM {canary['vllm']}: " + "; ".join(canary["problems"])

@@ -1,0 +1,214 @@
+"""The engine plug-in on a real cpu-small replica: a 16k-token batch prompt beside streaming chat
+that keeps sending new requests, stock vLLM against the plug-in at a batch step target, then the
+pause and a controller killed with -9.
+
+Chat's ITL is read from the plug-in's own chat-only gap histogram (engine-side, so host noise in
+the streaming clients does not count); TTFT from the clients.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from serving import engine_control
+from serving.client import StreamingClient
+from serving.engine_config import load_engine_config
+from serving.launcher import ReplicaSet
+from serving.metrics import Histogram, histogram_delta, histogram_quantile
+from serving.replica_targets import latency_model_for
+from tests.integration.conftest import free_port_block
+
+REPO = Path(__file__).resolve().parents[2]
+SMALL = REPO / "engine_configs" / "cpu-small.yaml"
+BATCH_TOKENS = 16_384
+CHAT_STREAMS = 4
+
+
+@pytest.fixture(scope="module")
+def replica(tmp_path_factory):
+    replicas = ReplicaSet(tmp_path_factory.mktemp("engines"))
+    with replicas.running(load_engine_config(SMALL), str(SMALL), free_port_block(1)) as started:
+        yield started[0]
+
+
+def target_of(replica) -> engine_control.ControlTarget:
+    return engine_control.ControlTarget(replica.name, folder=replica.control_dir)
+
+
+def status(replica, newer_than: float = 0.0) -> dict:
+    """The plug-in's status document once one newer than `newer_than` is there. It writes about
+    once a second while the engine steps and not at all while it is idle, so the last document of
+    a phase of load is at most a second older than the phase's end."""
+    for _ in range(40):
+        doc = engine_control.read_status(target_of(replica))
+        if doc and doc["written_at"] > newer_than:
+            return doc
+        time.sleep(0.1)
+    raise AssertionError(f"the plug-in wrote no status after {newer_than}")
+
+
+def status_after_load(replica) -> dict:
+    return status(replica, time.time() - 1.5)
+
+
+def chat_gaps(doc: dict) -> Histogram:
+    h = doc["chat_itl_seconds"]
+    return Histogram((*h["bounds"], float("inf")), tuple(h["cumulative"]), h["count"], h["sum"])
+
+
+def set_budget(replica, target_ms: float = 0.0, pause: bool = False, ttl_s: float = 600) -> float:
+    doc = engine_control.decision_document(
+        engine_control.next_seq(), target_ms, latency_model_for(SMALL), ttl_s, pause
+    )
+    engine_control.send(target_of(replica), doc)
+    return time.time()
+
+
+async def chat_for(replica, seconds: float, seed: int) -> list[float]:
+    """CHAT_STREAMS clients, each sending a new 256-token chat as soon as its last one ends;
+    the TTFT of every chat that finished."""
+    ttfts: list[float] = []
+    deadline = time.monotonic() + seconds
+
+    async def stream(i: int) -> None:
+        async with StreamingClient(replica.base_url, replica.served_model) as client:
+            n = 0
+            while time.monotonic() < deadline:
+                prompt = [100 + (seed * 7919 + i * 131 + n * 17 + k) % 1200 for k in range(256)]
+                done = await client.complete(prompt, max_tokens=24, ignore_eos=True)
+                assert done.record.status == "ok", done.record.error
+                ttfts.append(done.record.ttft_s)
+                n += 1
+
+    await asyncio.gather(*(stream(i) for i in range(CHAT_STREAMS)))
+    return ttfts
+
+
+async def batch_prompt(replica, seed: int) -> None:
+    """One batch request of BATCH_TOKENS prompt tokens at batch priority (cancelled = aborted)."""
+    prompt = [100 + (seed * 104729 + k * 37) % 1200 for k in range(BATCH_TOKENS)]
+    async with httpx.AsyncClient(timeout=600) as client:
+        r = await client.post(
+            f"{replica.base_url}/v1/completions",
+            json={"model": replica.served_model, "prompt": prompt, "max_tokens": 4,
+                  "priority": 10, "ignore_eos": True},
+        )  # fmt: skip
+        assert r.status_code == 200, r.text
+
+
+async def chat_beside_batch(replica, seconds: float, seed: int) -> list[float]:
+    batch = asyncio.create_task(batch_prompt(replica, seed))
+    await asyncio.sleep(0.5)
+    try:
+        return await chat_for(replica, seconds, seed)
+    finally:
+        batch.cancel()
+        await asyncio.gather(batch, return_exceptions=True)
+
+
+def p99(values: list[float]) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))]
+
+
+def test_stock_starves_new_chats_and_the_plugin_holds_chat_at_its_target(replica):
+    before = status(replica)
+    alone = asyncio.run(chat_for(replica, 8, seed=1))
+    after_alone = status_after_load(replica)
+    gaps_alone = histogram_delta(chat_gaps(after_alone), chat_gaps(before))
+    decode_step = histogram_quantile(gaps_alone, 0.5)
+    assert after_alone["state"] == "inert"
+
+    stock = asyncio.run(chat_beside_batch(replica, 10, seed=2))
+    assert status_after_load(replica)["state"] == "inert"
+
+    target_ms = 20.0
+    set_budget(replica, target_ms)
+    start = status_after_load(replica)
+    budgeted = asyncio.run(chat_beside_batch(replica, 12, seed=3))
+    end = status_after_load(replica)
+    assert end["state"] == "active"
+    gaps = histogram_delta(chat_gaps(end), chat_gaps(start))
+    itl_p99 = histogram_quantile(gaps, 0.99)
+    prefilled = end["totals"]["batch_prefill_tokens"] - start["totals"]["batch_prefill_tokens"]
+    report = (
+        f"chat alone TTFT p99 {p99(alone):.3f} s, decode step {decode_step * 1000:.1f} ms; "
+        f"stock TTFT p99 {p99(stock):.3f} s (max {max(stock):.3f}); plug-in at {target_ms} ms: "
+        f"TTFT p99 {p99(budgeted):.3f} s, chat ITL p99 {itl_p99 * 1000:.1f} ms, "
+        f"batch prefilled {prefilled} tokens"
+    )
+    print(report)
+    assert p99(stock) > 4 * p99(alone), report
+    assert itl_p99 <= target_ms / 1000 + decode_step, report
+    assert p99(budgeted) <= 2 * p99(alone), report
+    assert prefilled > 2048, report
+
+
+def test_pause_stops_batch_prefill_within_100_ms_and_chat_streams_on(replica):
+    set_budget(replica, 20.0)
+
+    async def run() -> tuple[float, list[float]]:
+        batch = asyncio.create_task(batch_prompt(replica, seed=4))
+        await asyncio.sleep(2.0)
+        paused_at = set_budget(replica, pause=True)
+        ttfts = await chat_for(replica, 3, seed=5)
+        batch.cancel()
+        await asyncio.gather(batch, return_exceptions=True)
+        return paused_at, ttfts
+
+    paused_at, ttfts = asyncio.run(run())
+    doc = status_after_load(replica)
+    assert doc["state"] == "paused"
+    assert ttfts, "chat went on while batch was paused"
+    assert doc["last_batch_prefill_at"] <= paused_at + 0.1
+
+
+def test_a_killed_controller_leaves_chat_served_and_batch_paused_after_expiry(replica):
+    ttl_s = 1.5
+    controller = subprocess.Popen(
+        [sys.executable, "-c", CONTROLLER, str(replica.control_dir), str(SMALL), str(ttl_s)],
+        cwd=REPO,
+    )
+
+    async def run() -> list[float]:
+        batch = asyncio.create_task(batch_prompt(replica, seed=6))
+        await asyncio.sleep(2.0)
+        os.kill(controller.pid, signal.SIGKILL)
+        controller.wait()
+        ttfts = await chat_for(replica, 4, seed=7)
+        batch.cancel()
+        await asyncio.gather(batch, return_exceptions=True)
+        return ttfts
+
+    try:
+        ttfts = asyncio.run(run())
+    finally:
+        controller.kill()
+    killed_at = time.time() - 4
+    doc = status_after_load(replica)
+    assert doc["state"] == "expired"
+    assert ttfts, "chat was served after the controller died"
+    assert doc["last_batch_prefill_at"] <= killed_at + ttl_s + 0.1
+
+
+CONTROLLER = """
+import sys, time
+from serving import engine_control
+from serving.replica_targets import latency_model_for
+folder, config, ttl = sys.argv[1], sys.argv[2], float(sys.argv[3])
+target = engine_control.ControlTarget("test", folder=__import__("pathlib").Path(folder))
+model = latency_model_for(config)
+while True:
+    doc = engine_control.decision_document(engine_control.next_seq(), 20.0, model, ttl)
+    engine_control.send(target, doc)
+    time.sleep(0.25)
+"""
