@@ -23,12 +23,23 @@ The engine plug-in (`serving/engine_site/`), the simulator's engine and the plan
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from scheduler.step import PrefillChunk, StepBatch, StepTimeModel
 
 CHAT_PRIORITY = 0
 """vLLM's `priority` of chat requests; anything above it is batch (lower values run first)."""
+
+
+@dataclass(frozen=True, slots=True)
+class BatchStepTarget:
+    """What the controller sets for one replica's engine: the step time batch chunks fit."""
+
+    target_s: float
+    model: StepTimeModel
+    min_chunk_tokens: int = 0
+    paused: bool = False
 
 
 def is_batch(priority: int) -> bool:
@@ -113,6 +124,46 @@ class StepBudget:
         chunk = PrefillChunk(tokens, prefix_tokens)
         step = StepBatch((*self._prefills, chunk), self._decode_seqs, self._decode_context)
         return self.model.step_seconds(step) <= self.target_s
+
+
+@dataclass(frozen=True, slots=True)
+class InEngine:
+    """What the sizing needs to know of one request in the engine."""
+
+    left_tokens: int
+    """Tokens it still has to compute: its prompt's rest while prefilling, 1 when decoding."""
+    computed_tokens: int
+    """Tokens already in KV: a prefill chunk's position, a decode's context."""
+    batch: bool
+
+
+def chat_reservation(
+    running: Iterable[InEngine],
+    waiting: Iterable[InEngine],
+    step_tokens: int,
+    chunk_tokens: int,
+    free_seats: int,
+) -> tuple[StepBatch, int]:
+    """The part of the next step that is never cut, and its tokens: every decode, the running
+    chat prefills, then the waiting chat prompts in queue order (priority order puts every chat
+    before every batch request) while tokens and seats last. `chunk_tokens` is the engine's cap
+    on one prefill chunk (vLLM's `long-prefill-token-threshold`, or the whole step)."""
+    chunks: list[PrefillChunk] = []
+    decodes = context = reserved = 0
+    for r in running:
+        if r.left_tokens <= 1:
+            decodes, context, reserved = decodes + 1, context + r.computed_tokens, reserved + 1
+        elif not r.batch and reserved < step_tokens:
+            n = min(r.left_tokens, chunk_tokens, step_tokens - reserved)
+            chunks.append(PrefillChunk(n, r.computed_tokens))
+            reserved += n
+    for r in waiting:
+        if r.batch or free_seats <= 0 or reserved >= step_tokens:
+            break
+        n = min(r.left_tokens, chunk_tokens, step_tokens - reserved)
+        chunks.append(PrefillChunk(n, r.computed_tokens))
+        reserved, free_seats = reserved + n, free_seats - 1
+    return StepBatch(tuple(chunks), decodes, context), min(reserved, step_tokens)
 
 
 def size_batch_prefills(

@@ -5,6 +5,10 @@ prefilling), then waiting requests in priority order while the budget, `max_num_
 allow. When KV runs out for a running request, the lowest-priority, latest-arrived running request is
 preempted: its blocks are freed and it goes back to the waiting queue to recompute from scratch
 (prefix cache hits included). No new request is admitted in a step that preempted.
+
+With a `batch_target` set (the engine plug-in's control document, in the real engine) each step
+first reserves chat's share and then sizes every batch prefill chunk with the plug-in's own
+`StepBudget`, in the same order vLLM reaches the requests, so a simulated replica runs the plug-in.
 """
 
 from __future__ import annotations
@@ -15,6 +19,13 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from scheduler.step import PrefillChunk, StepBatch
+from scheduler.step_budget import (
+    BatchPrefill,
+    BatchStepTarget,
+    InEngine,
+    StepBudget,
+    chat_reservation,
+)
 from simulator.config import EngineParams
 from simulator.entities import Request
 from simulator.kv_cache import KVCache
@@ -71,6 +82,10 @@ class EngineScheduler:
         self._fifo: deque[Request] = deque()
         self._order = itertools.count()
         self.preemptions = 0
+        self.block_size = kv.block_size
+        self.batch_target: BatchStepTarget | None = None
+        """The plug-in's batch step target for this replica; None: stock scheduling."""
+        self._step_budget: StepBudget | None = None
 
     @property
     def num_waiting(self) -> int:
@@ -91,6 +106,7 @@ class EngineScheduler:
     def schedule(self) -> ScheduledStep | None:
         """Choose this step's work, or None when there is nothing the replica can do now."""
         step = ScheduledStep()
+        self._step_budget = self._plug_in_budget()
         budget = self._schedule_running(step, self.budget)
         if budget is not None:
             self._schedule_waiting(step, budget)
@@ -103,6 +119,24 @@ class EngineScheduler:
         )
         return step
 
+    def _plug_in_budget(self) -> StepBudget | None:
+        """This step's budget for batch prefill, after chat's reservation (None: stock)."""
+        target = self.batch_target
+        if target is None:
+            return None
+        waiting = sorted(self._heap) if self.by_priority else self._fifo
+        fixed, reserved = chat_reservation(
+            map(_in_engine, self.running),
+            (_in_engine(e[3] if self.by_priority else e) for e in waiting),
+            self.budget,
+            self.threshold or self.budget,
+            self.max_seqs - len(self.running),
+        )
+        room = 0 if target.paused else self.budget - reserved
+        return StepBudget(
+            target.model, target.target_s, room, fixed, self.block_size, target.min_chunk_tokens
+        )
+
     def _chunk(self, req: Request, remaining: int, budget: int) -> int:
         n = remaining
         if self.chunked and n > 1:
@@ -110,7 +144,11 @@ class EngineScheduler:
                 n = self.threshold
             if 0 < req.chunk_cap < n:
                 n = req.chunk_cap
-        return min(n, budget)
+        n = min(n, budget)
+        if self._step_budget is not None and req.cls == "batch" and remaining > 1:
+            prefix = req.prompt_tokens + req.output_tokens - remaining
+            n = self._step_budget.grant(BatchPrefill(prefix, remaining), limit=n)
+        return n
 
     def _schedule_running(self, step: ScheduledStep, budget: int) -> int | None:
         """Schedule running requests; returns the budget left, or None when the step preempted."""
@@ -127,6 +165,9 @@ class EngineScheduler:
                 i += 1
                 continue
             n = self._chunk(req, remaining, budget)
+            if n == 0:  # a batch prefill the plug-in gives nothing this step
+                i += 1
+                continue
             while not kv.can_allocate(req, n):
                 victim = self._victim()
                 running.remove(victim)
@@ -153,7 +194,7 @@ class EngineScheduler:
             if not self.chunked and remaining > budget:
                 break
             n = self._chunk(req, remaining, budget)
-            if not kv.can_allocate(req, n, hits):
+            if n == 0 or not kv.can_allocate(req, n, hits):
                 break
             if self.by_priority:
                 heapq.heappop(self._heap)
@@ -235,3 +276,8 @@ class EngineScheduler:
                 kv.free(req)
             self.running = [r for r in self.running if r.output_tokens < r.max_output]
         return out
+
+
+def _in_engine(req: Request) -> InEngine:
+    total = req.prompt_tokens + req.output_tokens
+    return InEngine(total - req.num_computed, req.num_computed, req.cls == "batch")

@@ -26,16 +26,11 @@ from vllm.v1.outputs import ModelRunnerOutput
 from vllm.v1.request import Request
 from vllm.v1.structured_output import StructuredOutputManager
 
-from scheduler.latency_model import LatencyModel
 from serving import engine_control, local_models
 from serving.engine_site import budget_scheduler
+from tests.budget_fixtures import BATCH_PROMPT, BLOCK, CHAT_PROMPT, MODEL, STEP_TOKENS, TARGET_MS
 
-BUDGET = 512
-BLOCK = 16
-# Step time grows 0.1 ms per scheduled token over a 5 ms floor; prefix tokens cost 1 us each.
-MODEL = LatencyModel(
-    s_per_token=1e-4, s_weight_read=0.005, s_per_chunk_prefix_token=1e-6, s_per_decode_seq=1e-4
-)
+BUDGET = STEP_TOKENS
 
 
 def make(cls: type, folder: Path | None):
@@ -104,9 +99,9 @@ def chat_arrives_mid_prefill(cls, folder, target_ms):
     s = make(cls, folder)
     if folder is not None and target_ms is not None:
         send(folder, 1, target_ms)
-    s.add_request(request("batch", 16000, 10))
+    s.add_request(request("batch", BATCH_PROMPT, 10))
     steps = [step(s) for _ in range(3)]
-    s.add_request(request("chat", 300, 0))
+    s.add_request(request("chat", CHAT_PROMPT, 0))
     steps += [step(s) for _ in range(6)]
     return steps
 
@@ -119,7 +114,7 @@ def case_stock_vs_inert(folder: Path) -> dict:
 
 
 def case_target(folder: Path) -> dict:
-    return {"steps": chat_arrives_mid_prefill(budget_scheduler.BudgetScheduler, folder, 30.0)}
+    return {"steps": chat_arrives_mid_prefill(budget_scheduler.BudgetScheduler, folder, TARGET_MS)}
 
 
 def case_change(folder: Path) -> dict:

@@ -43,8 +43,9 @@ import time
 from collections import deque
 from pathlib import Path
 
+from scheduler import step_budget
 from scheduler.step import PrefillChunk, StepBatch
-from scheduler.step_budget import BatchPrefill, StepBudget, is_batch
+from scheduler.step_budget import BatchPrefill, InEngine, StepBudget, is_batch
 from serving.engine_site.control_channel import ControlChannel, Directive
 from serving.engine_site.engine_status import EngineStatus, StepRecord
 
@@ -174,32 +175,21 @@ class _Plugin:
 
 
 def chat_reservation(sched) -> tuple[StepBatch, int]:
-    """The part of the next step that is never cut, and its tokens: every decode, running chat
-    prefills, then waiting chat prompts in priority order while tokens and seats last."""
-    tokens = sched.max_num_scheduled_tokens
-    threshold = sched.scheduler_config.long_prefill_token_threshold or tokens
-    chunks: list[PrefillChunk] = []
-    decodes = context = reserved = 0
-    for req in sched.running:
-        left = req.num_tokens - req.num_computed_tokens
-        if left <= 1:
-            decodes, context, reserved = (
-                decodes + 1,
-                context + req.num_computed_tokens,
-                reserved + 1,
-            )
-        elif not is_batch(req.priority) and reserved < tokens:
-            n = min(left, threshold, tokens - reserved)
-            chunks.append(PrefillChunk(n, req.num_computed_tokens))
-            reserved += n
+    """`scheduler.step_budget.chat_reservation` over this vLLM scheduler's queues."""
+    step_tokens = sched.max_num_scheduled_tokens
     seats = sched.max_num_running_reqs - len(sched.running)
-    for req in sched.waiting:
-        if is_batch(req.priority) or seats <= 0 or reserved >= tokens:
-            break
-        n = min(req.num_tokens - req.num_computed_tokens, threshold, tokens - reserved)
-        chunks.append(PrefillChunk(n, req.num_computed_tokens))
-        reserved, seats = reserved + n, seats - 1
-    return StepBatch(tuple(chunks), decodes, context), min(reserved, tokens)
+    return step_budget.chat_reservation(
+        map(_in_engine, sched.running),
+        map(_in_engine, sched.waiting),
+        step_tokens,
+        sched.scheduler_config.long_prefill_token_threshold or step_tokens,
+        seats,
+    )
+
+
+def _in_engine(req) -> InEngine:
+    computed = req.num_computed_tokens
+    return InEngine(req.num_tokens - computed, computed, is_batch(req.priority))
 
 
 class BudgetSchedulerMixin:

@@ -11,7 +11,13 @@ import subprocess
 
 import pytest
 
+from scheduler.step_budget import BatchStepTarget
 from serving.paths import REPO_ROOT, engine_python
+from simulator.config import EngineParams
+from simulator.engine_scheduler import EngineScheduler
+from simulator.entities import BATCH_PRIORITY, CHAT_PRIORITY, Request, Segment
+from simulator.kv_cache import KVCache
+from tests.budget_fixtures import BATCH_PROMPT, BLOCK, CHAT_PROMPT, MODEL, STEP_TOKENS, TARGET_MS
 
 CASES = ["canary", "stock_vs_inert", "target", "change", "expiry", "malformed", "garbage_first"]
 
@@ -80,3 +86,37 @@ def test_canary_the_vllm_internals_the_plugin_relies_on_are_unchanged(seen):
     """Fails naming each vLLM name, signature or call site that moved (vLLM changes fast)."""
     canary = seen["canary"]
     assert canary["problems"] == [], f"vLLM {canary['vllm']}: " + "; ".join(canary["problems"])
+
+
+def simulated_chat_arrives_mid_prefill() -> list[dict[str, int]]:
+    """The `target` case on the simulator's engine: what it would schedule, step by step."""
+    params = EngineParams(
+        kv_capacity_tokens=200_000,
+        block_size=BLOCK,
+        max_num_batched_tokens=STEP_TOKENS,
+        long_prefill_token_threshold=STEP_TOKENS,
+        max_num_seqs=16,
+        enable_prefix_caching=False,
+    )
+    eng = EngineScheduler(params, KVCache(200_000, BLOCK, False))
+    eng.batch_target = BatchStepTarget(TARGET_MS / 1000, MODEL)
+
+    def req(rid, prompt, cls, priority):
+        segments = (Segment((rid,), prompt),)
+        return Request(rid, cls, "chat", priority, 0.0, segments, 8, (rid, "out"))
+
+    eng.add(req("batch", BATCH_PROMPT, "batch", BATCH_PRIORITY))
+    steps = []
+    for i in range(9):
+        if i == 3:
+            eng.add(req("chat", CHAT_PROMPT, "chat", CHAT_PRIORITY))
+        s = eng.schedule()
+        steps.append(
+            {r.request_id: n for r, n in s.prefills} | {r.request_id: 1 for r in s.decodes}
+        )
+        eng.complete(s, float(i))
+    return steps
+
+
+def test_the_simulators_engine_grants_what_the_plugin_grants_step_by_step(seen):
+    assert simulated_chat_arrives_mid_prefill() == seen["target"]["steps"]
