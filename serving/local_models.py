@@ -51,6 +51,10 @@ class ModelRecipe:
     max_position: int
     seed: int = 0
     dtype: str = "bfloat16"
+    padded_vocab: int = 0
+    """When set, reserved tokens (as Llama 3 has) fill the tokenizer up to this size past what it
+    learns from the text. They widen the embedding and the lm_head, which every decode step reads
+    in full while a prefill runs it on its prompt's last token only."""
 
 
 RECIPES: dict[str, ModelRecipe] = {
@@ -78,6 +82,26 @@ RECIPES: dict[str, ModelRecipe] = {
         vocab_target=2048,
         max_position=32768,
     ),
+    # For documents of up to ~80k tokens (engine_configs/cpu-long.yaml). What makes a prefill chunk
+    # dearer deep into a prompt is attention work (4·layers·heads·head_dim per prefix token) against
+    # linear work (2 FLOPs per weight in the layers; the lm_head runs only on a prompt's last
+    # token). At a 78k prefix that is 1.5x in 70B and 52x in `small`. So: one layer, one 32-wide
+    # head (the CPU attention kernel's smallest), the compute in an MLP as narrow as a 30% band
+    # around 70B allows (1.95x). A decode step on H100s is mostly the read of all weights, hidden
+    # under a prefill chunk's compute; here it is mostly fixed overhead, which every step pays. A
+    # 48k vocabulary (reserved tokens) adds an lm_head read to each step at no prefill FLOPs, and
+    # brings a shallow 512-token chunk to ~2 decode steps (docs/results-long-model.md).
+    "long": ModelRecipe(
+        layers=1,
+        hidden=512,
+        intermediate=1664,
+        heads=1,
+        kv_heads=1,
+        head_dim=32,
+        vocab_target=2048,
+        max_position=131072,
+        padded_vocab=49152,
+    ),
 }
 
 
@@ -93,7 +117,10 @@ def recipe(name: str) -> ModelRecipe:
 
 def recipe_hash(name: str) -> str:
     """Hash of everything that determines the built files."""
-    h = hashlib.sha256(json.dumps(asdict(recipe(name)), sort_keys=True).encode())
+    fields = asdict(recipe(name))
+    if not fields["padded_vocab"]:
+        del fields["padded_vocab"]  # recipes from before the field keep their hash, and their build
+    h = hashlib.sha256(json.dumps(fields, sort_keys=True).encode())
     h.update(f"builder-{BUILDER_VERSION}".encode())
     for path in sorted(TEXT_DIR.glob("*.txt")):
         h.update(path.read_bytes())
@@ -153,6 +180,9 @@ def _train_tokenizer(r: ModelRecipe):
         model_max_length=r.max_position,
     )
     fast.chat_template = CHAT_TEMPLATE
+    reserved = r.padded_vocab - len(fast)
+    if reserved > 0:
+        fast.add_tokens([f"<|reserved_{i}|>" for i in range(reserved)])
     return fast
 
 
