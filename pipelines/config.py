@@ -4,27 +4,41 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 
 class PipelineConfig(BaseModel):
-    """How documents are split, summarized and spread over workers."""
+    """How documents are split, summarized and spread over workers.
+
+    Whether a document goes whole or in sections, and where its sections are cut, follows from
+    these settings and the document alone, never from the load at the moment it runs. The load is
+    handled elsewhere: the Gate decides how many batch requests run at once, and the engine's
+    scheduler plug-in sizes each step's batch prefill chunk, so a long prompt no longer needs to
+    be cut small to protect chat. A fixed structure means the same document under the same job
+    makes the same requests on a quiet night and a busy one (comparable runs, summaries that do
+    not vary with the evening's traffic, and no storm of tiny sections at the chat peak)."""
 
     model_config = ConfigDict(extra="forbid")
 
     mode: Literal["auto", "map_reduce", "whole"] = Field(
         "auto",
-        description="`auto`: send a document whole when it fits the current chunk cap, else in "
-        "sections; `whole`: whole whenever it fits the replica's context; `map_reduce`: always "
-        "in sections.",
+        description="`auto`: send a document whole when its prompt (instruction + document) plus "
+        "its summary (`final_summary_tokens`) fit `max_model_len`, else map-reduce in sections of "
+        "`section_tokens`; `whole`: always whole, and a document that does not fit the context "
+        "is failed; `map_reduce`: always in sections of `section_tokens`. The choice depends on "
+        "the document and these settings only, never on the chat load.",
+    )
+    section_tokens: int = Field(
+        8192,
+        ge=16,
+        description="Document tokens per map-reduce section (the last one may be shorter), fixed "
+        "for the job and never a function of the chat load: the engine sizes each step's batch "
+        "prefill itself, so a section need not shrink when chat is busy. 8192 cuts an 80k-token "
+        "document into ten sections (ten summaries and one reduce) while a section prompt stays "
+        "a quarter of a 32k context. Where `max_model_len` cannot hold a section this large with "
+        "its prompt and summary, sections are the largest that fit.",
     )
     overlap_tokens: int = Field(64, ge=0, description="Tokens consecutive sections share.")
-    min_section_tokens: int = Field(
-        256,
-        ge=1,
-        description="Smallest section sent, even under a lower cap: below it the "
-        "fixed cost per request dominates and a long document would take thousands of requests.",
-    )
     section_summary_tokens: int = Field(96, ge=1, description="Output tokens per section summary.")
     final_summary_tokens: int = Field(192, ge=1, description="Output tokens of a document summary.")
     max_doc_tokens: int = Field(100_000, ge=1, description="Longer documents are failed, not cut.")
@@ -56,6 +70,15 @@ class PipelineConfig(BaseModel):
     acquire_timeout_s: float = Field(
         3600.0, gt=0, description="Longest wait for a batch seat before a section fails."
     )
+
+    @model_validator(mode="after")
+    def _overlap_below_section(self) -> PipelineConfig:
+        if self.overlap_tokens >= self.section_tokens:
+            raise ValueError(
+                f"overlap_tokens ({self.overlap_tokens}) must be below section_tokens "
+                f"({self.section_tokens}): lower overlap_tokens or raise section_tokens"
+            )
+        return self
 
     def docs_per_actor_for(self, replicas: int, engine_slots: int) -> int:
         """Documents each actor works on at once beside `replicas` replicas that each run at most

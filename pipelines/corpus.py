@@ -387,15 +387,19 @@ def _check_one(
     if seen_at != row:
         return DocProblem("skipped", f"duplicate doc_id (first at row {seen_at})")
     if limit is not None and tokens is not None and tokens > limit:
-        return DocProblem(
-            "failed",
-            f"over-long: {tokens} tokens > limit {limit}; raise "
-            "max_doc_tokens or split the document upstream",
-        )
+        return DocProblem("failed", over_long_reason(tokens, limit))
     original = first_doc.setdefault(hashlib.sha256(raw).digest(), doc_id)
     if original != doc_id:
         return DocProblem("skipped", f"same text as doc {original}")
     return None
+
+
+def over_long_reason(tokens: int, limit: int) -> str:
+    """Why a document of `tokens` tokens over `max_doc_tokens` = `limit` is failed, and the fix."""
+    return (
+        f"over-long: {tokens} tokens > limit {limit}; raise max_doc_tokens or split the "
+        "document upstream"
+    )
 
 
 def _utf8_error_at(raw: bytes) -> int | None:

@@ -1,8 +1,13 @@
 """Prompts for map, reduce and whole-document summaries, built in token ids.
 
-The instruction comes first in every prompt, token for token the same, so the engine's prefix cache
-computes it once per replica and every section after that pays only for its own text. Prompts are
-assembled from ids (not re-tokenized text) so a section is exactly the tokens the splitter cut.
+Every prompt is one request laid out as instruction, then a short head naming what follows, then
+the text (a section, the whole document, or section summaries), then a tail. The instruction
+comes first and is the same ids in every prompt of every document (whole, section and reduce
+alike), so the engine's prefix cache computes it once per replica (the KV blocks it fills) and
+each request after that prefills only its own text. Prompts are assembled from ids, not from
+re-tokenized text: tokenizing the joined text could merge the instruction's last characters with
+what follows and change the prefix from one document to the next, and a section must be exactly
+the tokens the splitter cut.
 """
 
 from __future__ import annotations
@@ -49,15 +54,14 @@ class PromptKit:
         )
 
     @property
-    def overhead(self) -> int:
+    def section_overhead(self) -> int:
         """Prompt tokens a section request adds around its section."""
-        return len(self.instruction) + self.uncached_overhead
+        return len(self.instruction) + len(self.section_head) + len(self.section_tail)
 
     @property
-    def uncached_overhead(self) -> int:
-        """The part of `overhead` a replica prefills for every section: the instruction before it
-        is the same in every prompt and comes from the prefix cache."""
-        return len(self.section_head) + len(self.section_tail)
+    def whole_overhead(self) -> int:
+        """Prompt tokens a whole-document request adds around the document."""
+        return len(self.instruction) + len(self.whole_head) + len(self.whole_tail)
 
     def section(self, ids: list[int]) -> list[int]:
         return [*self.instruction, *self.section_head, *ids, *self.section_tail]

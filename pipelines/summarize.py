@@ -1,21 +1,26 @@
-"""One document, start to finish: sections through Gate permits, then the reduce. Async, no Ray.
+"""One document, start to finish: whole, or sections then reduces, each through a Gate permit.
 
-Each section is admitted before it is cut, so its size is the Gate's cap at that moment. A request
-whose replica dies (connection refused, stream broken) is marked down at the Gate and sent again
-under a new permit, which the Gate routes to a live replica; any other failure fails the document
-with its reason, and the run goes on with the next one.
+A document's structure (whole or map-reduce, and where its sections are cut) depends only on the
+job's settings and the document, never on the load: `DocumentJob.layout` decides it before the
+first request, and a permit's caps are never read to size a prompt. The engine's scheduler sizes
+each step's batch prefill chunk, so a long prompt cannot crowd chat out of a step and there is no
+reason to cut it smaller while chat is busy; the Gate only decides when and where each request
+runs. A request whose replica dies (connection refused, stream broken) is marked down at the Gate
+and sent again under a new permit, which the Gate routes to a live replica; any other failure
+fails the document with its reason, and the run goes on with the next one.
 """
 
 from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Literal, Protocol
 
 from pipelines.config import PipelineConfig
+from pipelines.corpus import over_long_reason
 from pipelines.errors import RunStopped
 from pipelines.prompts import PromptKit
-from pipelines.split import next_section, reduce_groups
+from pipelines.split import reduce_groups, sections
 from scheduler.records import RequestRecord, Stage
 from serving.client import Completion, StreamingClient
 from serving.tokenizer import Tokenizer
@@ -68,6 +73,15 @@ class DocOutcome:
         return sorted({r.replica for r in self.records if r.status == "ok"})
 
 
+@dataclass(frozen=True)
+class Layout:
+    """How one document is sent: one `whole` request, or `map` requests over `sections` (each
+    `[start, end)` in document tokens) whose summaries are then reduced."""
+
+    stage: Literal["whole", "map"]
+    sections: tuple[tuple[int, int], ...]
+
+
 @dataclass
 class DocumentJob:
     """Everything a document needs besides its tokens; one per worker, shared by its documents."""
@@ -83,9 +97,17 @@ class DocumentJob:
     async def summarize(self, doc_id: str, ids: list[int]) -> DocOutcome:
         out = DocOutcome(doc_id, prompt_tokens=len(ids))
         try:
-            pieces, cap = await self._map(doc_id, ids, out)
-            if len(pieces) > 1:
-                pieces = await self._reduce(doc_id, pieces, cap, out)
+            layout = self.layout(len(ids))
+            if layout.stage == "whole":
+                prompt = self.kit.whole(ids)
+                done = await self._send(
+                    doc_id, prompt, "whole", self.config.final_summary_tokens, out
+                )
+                out.sections = 1
+                pieces = [done.text]
+            else:
+                pieces = await self._map(doc_id, ids, layout.sections, out)
+                pieces = await self._reduce(doc_id, pieces, out)
             out.summary = pieces[0]
             out.summary_tokens = len(self.tokenizer.encode(out.summary))
         except DocumentFailed as exc:
@@ -94,57 +116,75 @@ class DocumentJob:
             out.status, out.reason = "stopped", str(exc)
         return out
 
-    async def _map(self, doc_id: str, ids: list[int], out: DocOutcome) -> tuple[list[str], int]:
-        """Summaries of the document's sections (one piece when it went whole), and the last cap."""
-        cfg, n = self.config, len(ids)
-        pieces: list[str] = []
-        start, cap = 0, cfg.max_model_len
-        while start < n:
-            hint = min(n - start, cap) + self.kit.overhead
-            permit, done = await self._send(
-                doc_id,
-                hint,
-                cfg.section_summary_tokens,
-                lambda p, s=start: self._section_prompt(ids, s, p.chunk_tokens, out),
-                out,
+    def layout(self, n_tokens: int) -> Layout:
+        """How a document of `n_tokens` tokens is sent, from the job's settings alone.
+
+        Whole when `mode` allows it and the whole prompt plus the summary fit `max_model_len`;
+        otherwise (`auto`, `map_reduce`) in sections of `section_size()` tokens. Raises
+        `DocumentFailed` for a document the job cannot take: longer than `max_doc_tokens`, empty,
+        or too long for the context under `mode: whole`. Nothing here looks at the load, so the
+        same document under the same job is always sent the same way."""
+        cfg = self.config
+        if n_tokens > cfg.max_doc_tokens:
+            raise DocumentFailed(over_long_reason(n_tokens, cfg.max_doc_tokens))
+        if n_tokens == 0:
+            raise DocumentFailed("empty document: no tokens to summarize")
+        if cfg.mode != "map_reduce":
+            prompt = n_tokens + self.kit.whole_overhead
+            if prompt + cfg.final_summary_tokens <= cfg.max_model_len:
+                return Layout("whole", ((0, n_tokens),))
+            if cfg.mode == "whole":
+                raise DocumentFailed(
+                    f"too long to send whole: a prompt of {prompt} tokens plus "
+                    f"{cfg.final_summary_tokens} summary tokens exceeds max_model_len "
+                    f"{cfg.max_model_len}; set mode to auto or map_reduce to send it in sections, "
+                    "or serve a model with a longer context"
+                )
+        return Layout("map", tuple(sections(n_tokens, self.section_size(), cfg.overlap_tokens)))
+
+    def section_size(self) -> int:
+        """Document tokens per section: `section_tokens`, or less only when `max_model_len` cannot
+        hold a section prompt that large with its summary. A job setting, the same for every
+        section of every document."""
+        cfg = self.config
+        room = cfg.max_model_len - self.kit.section_overhead - cfg.section_summary_tokens
+        if room < 1:
+            raise DocumentFailed(
+                f"max_model_len {cfg.max_model_len} cannot hold a section prompt "
+                f"({self.kit.section_overhead} tokens around the section) and its "
+                f"{cfg.section_summary_tokens} summary tokens; lower section_summary_tokens or "
+                "serve a model with a longer context"
             )
-            cap = permit.chunk_tokens
+        return min(cfg.section_tokens, room)
+
+    async def _map(
+        self,
+        doc_id: str,
+        ids: list[int],
+        spans: tuple[tuple[int, int], ...],
+        out: DocOutcome,
+    ) -> list[str]:
+        """Summaries of the document's sections, one request each, in order."""
+        pieces: list[str] = []
+        for start, end in spans:
+            prompt = self.kit.section(ids[start:end])
+            done = await self._send(doc_id, prompt, "map", self.config.section_summary_tokens, out)
             pieces.append(done.text)
             out.sections += 1
-            if done.record.stage == "whole":
-                return pieces, cap
-            _, start = next_section(n, start, self._section_cap(cap), cfg.overlap_tokens)
-        return pieces, cap
+        return pieces
 
-    def _section_cap(self, chunk_tokens: int) -> int:
-        """Document tokens per section under a cap on the tokens a request makes the replica
-        prefill (the cached instruction is free), never below `min_section_tokens`."""
-        return max(self.config.min_section_tokens, chunk_tokens - self.kit.uncached_overhead)
+    async def _reduce(self, doc_id: str, pieces: list[str], out: DocOutcome) -> list[str]:
+        """Combine section summaries, in rounds when together they do not fit one prompt.
 
-    def _section_prompt(
-        self, ids: list[int], start: int, chunk_tokens: int, out: DocOutcome
-    ) -> tuple[list[int], Stage, int]:
-        """The prompt for the section at `start` under cap `chunk_tokens`, or the whole document."""
-        cfg, n = self.config, len(ids)
-        if start == 0 and self._goes_whole(n, chunk_tokens):
-            return self.kit.whole(ids), "whole", cfg.final_summary_tokens
-        end, _ = next_section(n, start, self._section_cap(chunk_tokens), cfg.overlap_tokens)
-        return self.kit.section(ids[start:end]), "map", cfg.section_summary_tokens
-
-    def _goes_whole(self, n: int, chunk_tokens: int) -> bool:
-        cfg = self.config
-        fits_context = n + self.kit.overhead + cfg.final_summary_tokens <= cfg.max_model_len
-        if cfg.mode == "map_reduce" or not fits_context:
-            return False
-        return cfg.mode == "whole" or n + self.kit.overhead <= chunk_tokens
-
-    async def _reduce(self, doc_id: str, pieces: list[str], cap: int, out: DocOutcome) -> list[str]:
-        """Combine section summaries, in rounds when together they exceed the chunk cap."""
+        Each group's reduce prompt plus its output fits `max_model_len` (room is kept for the
+        larger of the two output lengths, as a group does not know yet whether its round is the
+        last); like the sections, the grouping depends on the job and the summaries only."""
         cfg = self.config
         fixed = self.kit.reduce_size([])
+        budget = cfg.max_model_len - max(cfg.final_summary_tokens, cfg.section_summary_tokens)
         while len(pieces) > 1:
             ids = [self.tokenizer.encode(p) for p in pieces]
-            groups = reduce_groups([len(i) for i in ids], cap, fixed, len(self.kit.separator))
+            groups = reduce_groups([len(i) for i in ids], budget, fixed, len(self.kit.separator))
             last_round = len(groups) == 1
             max_out = cfg.final_summary_tokens if last_round else cfg.section_summary_tokens
             merged: list[str] = []
@@ -153,32 +193,31 @@ class DocumentJob:
                     merged.append(pieces[group[0]])
                     continue
                 prompt = self.kit.reduce([ids[i] for i in group])
-                permit, done = await self._send(
-                    doc_id,
-                    len(prompt),
-                    max_out,
-                    lambda p, pr=prompt, m=max_out: (pr, "reduce", m),
-                    out,
-                )
-                cap = permit.chunk_tokens
+                if len(prompt) + max_out > cfg.max_model_len:
+                    raise DocumentFailed(
+                        f"reduce prompt of {len(prompt)} tokens plus {max_out} output tokens "
+                        f"exceeds max_model_len {cfg.max_model_len} even for two summaries; "
+                        "lower section_summary_tokens"
+                    )
+                done = await self._send(doc_id, prompt, "reduce", max_out, out)
                 merged.append(done.text)
             pieces = merged
         return pieces
 
     async def _send(
-        self, doc_id: str, prompt_hint: int, max_tokens: int, make_prompt, out: DocOutcome
-    ) -> tuple[object, Completion]:
-        """Acquire a permit, build the prompt for it, stream it, release; move on a dead replica."""
+        self, doc_id: str, prompt: list[int], stage: Stage, max_tokens: int, out: DocOutcome
+    ) -> Completion:
+        """Acquire a permit, stream the prompt under it, release; move on a dead replica. The
+        prompt is the same whatever the permit says: its caps never resize a request."""
         last_error = "no attempt made"
         for _ in range(self.config.attempts_per_request):
             try:
-                permit = await self.gate.acquire(doc_id, prompt_hint, max_tokens)
+                permit = await self.gate.acquire(doc_id, len(prompt), max_tokens)
             except RunStopped:
                 raise
             except (RuntimeError, ValueError, TimeoutError) as exc:
                 raise DocumentFailed(f"no batch seat: {exc}") from exc
-            prompt, stage, n_out = make_prompt(permit)
-            done = await self._stream(permit, doc_id, prompt, stage, n_out)
+            done = await self._stream(permit, doc_id, prompt, stage, max_tokens)
             out.records.append(done.record)
             await self.gate.release(
                 permit.permit_id,
@@ -186,7 +225,7 @@ class DocumentJob:
                 [{"t": g.t, "gap_s": g.gap_s} for g in done.record.gaps],
             )
             if done.ok:
-                return permit, done
+                return done
             last_error = done.record.error or done.record.status
             if not done.replica_failed:
                 raise DocumentFailed(f"{stage} request failed on {permit.replica}: {last_error}")
