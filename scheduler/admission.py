@@ -18,6 +18,8 @@ class BatchInFlight:
 
     prompt_tokens: int
     prefilled_tokens: int = 0
+    output_tokens: int = 0
+    """Output tokens it may still add to KV (its `max_tokens`): part of what its KV will need."""
 
     @property
     def prefill_remaining(self) -> int:
@@ -49,6 +51,9 @@ class Observation:
     kv_capacity_tokens: int | None = None
     window_s: float | None = None
     """How far back from `t` the latency p99s reach; None: since the previous observation."""
+    chat_e2e_p99_s: float | None = None
+    step_time_ratio: float | None = None
+    """Measured over predicted engine-step time in the window (the engine plug-in's status)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,6 +75,10 @@ class Decision:
     reason: str = ""
     predicted_step_ms: float | None = None
     prefill_budget_tokens: int | None = None
+    batch_step_target_ms: float | None = None
+    """What the engine plug-in sizes batch prefill chunks to (None: the policy sets none)."""
+    kv_room_tokens: int | None = None
+    """KV tokens new batch requests may claim until the next decision (None: not bounded)."""
 
 
 def prefill_fits(

@@ -1,0 +1,211 @@
+"""The SLO controller: feedback on the one number the engine enforces, the batch step target.
+
+Inside each replica the engine plug-in sizes every batch prefill chunk, every step, so that the
+step's predicted time with that step's real chat load and the chunk's real prefix position fits
+the batch step target (`scheduler/step_budget.py`): the feed-forward half lives there. This
+controller closes the loop around it, one `decide(observation)` per replica every few seconds:
+
+1. **Fail safe.** An observation the sensor could not take, or none for `stale_after_s`, pauses
+   batch: the controller never steers blind (the plug-in also pauses itself when its control
+   document expires, for a controller that died).
+2. **Feedback on chat's pressure**, the worst of window p99 ITL, TTFT and (when set) E2E over their
+   SLOs. Above 1 the step target is cut by `cut_factor`; below `slack_fraction` it grows by
+   `growth_fraction` of the ITL SLO; in between it holds (hysteresis). Invariant: a decision is
+   judged only by windows that began after it. A window reaching back before the last change
+   mixes the old target in, so then the controller never grows, and after a cut it cuts again
+   only if the pressure is worse than what caused that cut (after a growth, any violation cuts).
+   Growth is therefore at most one step per window, and a violation is answered at once.
+3. **Model correction.** The target is kept in real step seconds; the plug-in prices chunks with the
+   latency model, so the number sent is the real target divided by the measured/predicted step
+   ratio the plug-in reports (smoothed): a model that is 30% optimistic still gets steps of the
+   intended length.
+4. **Seats.** Batch decodes are never cut by the plug-in, so they grow every step: a seat is added
+   only while the batch decodes in flight, plus one more, fit `DECODE_SHARE` of the target. Seats
+   never take more than `1 - chat_slot_share` of the engine's sequence slots (a chat arriving at a
+   full engine waits whatever its priority). KV: a whole document is admitted only while its prompt
+   and output fit under `kv_high_water` beside everything committed (`kv_room_tokens`, checked by
+   the admitter at every grant), so an admitted 80k-token document is never preempted.
+
+State is per replica (one object serves a fleet); no clock is read: time is `Observation.t`.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from scheduler.admission import Decision, Observation
+from scheduler.slo import SLO
+from scheduler.step import StepBatch, StepTimeModel
+
+COLD_START_SHARE = 0.5
+"""Real step target before any feedback, as a share of the ITL SLO: half the allowance, so the
+first windows are measured with room on both sides."""
+DECODE_SHARE = 0.5
+"""Share of the step target batch decodes may fill: the rest stays for batch prefill chunks."""
+RATIO_SMOOTHING = 0.3
+"""Weight of a new measured/predicted step ratio in the running estimate."""
+RATIO_BOUNDS = (0.25, 4.0)
+"""The correction never trusts the model less than 4x off either way: beyond that it is a
+different machine, and the controller would rather steer on feedback alone."""
+NO_SECTION_CAP = 1 << 30
+"""`Decision.chunk_tokens` of this controller: the engine caps each step, not the admitter."""
+
+
+class BudgetControllerConfig(BaseModel):
+    """What an operator may tune; every field has a default that suits GPU and CPU replicas."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    cut_factor: float = Field(0.7, gt=0, lt=1, description="Step target kept on a violation.")
+    growth_fraction: float = Field(
+        0.05,
+        gt=0,
+        le=1,
+        description="Step target added per slack window, as a share of the ITL SLO.",
+    )
+    slack_fraction: float = Field(
+        0.8, gt=0, lt=1, description="Chat pressure below this is slack, and the target grows."
+    )
+    max_seats: int = Field(64, ge=1, description="Most batch requests in flight per replica.")
+    chat_slot_share: float = Field(
+        0.5, ge=0, lt=1, description="Share of the engine's max-num-seqs kept for chat."
+    )
+    kv_high_water: float = Field(
+        0.9, gt=0, le=1, description="KV share batch admission stays under."
+    )
+    stale_after_s: float = Field(15.0, gt=0, description="Longest gap between fresh observations.")
+
+
+@dataclass
+class _Replica:
+    """What the controller remembers about one replica between decisions."""
+
+    target_s: float
+    changed_t: float
+    cut_pressure: float = 1.0
+    """Pressure that caused the last cut; 1 after a growth or a cold start, which any violation
+    answers at once."""
+    ratio: float = 1.0
+    last_fresh_t: float = -math.inf
+
+
+class BudgetController:
+    """Per-replica feedback on the batch step target; see the module docstring."""
+
+    def __init__(
+        self,
+        slo: SLO,
+        model: StepTimeModel,
+        config: BudgetControllerConfig | None = None,
+        engine_slots: int | None = None,
+    ) -> None:
+        self.slo = slo
+        self.model = model
+        self.config = config or BudgetControllerConfig()
+        self.engine_slots = engine_slots
+        self.states: dict[str, _Replica] = {}
+
+    def decide(self, obs: Observation) -> Decision:
+        """The batch step target, seats and KV room for `obs.replica` until the next decision."""
+        state = self.states.get(obs.replica)
+        if not obs.fresh:
+            return self._pause("stale", 0)
+        if state is None or obs.t - state.last_fresh_t > self.config.stale_after_s:
+            state = self.states[obs.replica] = _Replica(self._cold_target(), obs.t)
+            reason = "cold-start"
+        else:
+            reason = self._feedback(state, obs)
+        state.last_fresh_t = obs.t
+        self._correct_model(state, obs)
+        seats = self._seats(state, obs)
+        return Decision(
+            batch_seats=seats,
+            chunk_tokens=NO_SECTION_CAP,
+            pause=False,
+            reason=reason,
+            predicted_step_ms=1000 * state.target_s,
+            batch_step_target_ms=1000 * state.target_s / state.ratio,
+            kv_room_tokens=self._kv_room(obs),
+        )
+
+    def is_stale(self, replica: str, t: float) -> bool:
+        """Whether `replica` has had no fresh observation for `stale_after_s` before `t`."""
+        state = self.states.get(replica)
+        return state is None or t - state.last_fresh_t > self.config.stale_after_s
+
+    # -- feedback ---------------------------------------------------------------------------
+
+    def pressure(self, obs: Observation) -> float | None:
+        """The worst of chat's window p99s over their SLOs; None when the window held no chat."""
+        slo = self.slo
+        ratios = [
+            v / (limit / 1000)
+            for v, limit in (
+                (obs.chat_itl_p99_s, slo.chat_itl_p99_ms),
+                (obs.chat_ttft_p99_s, slo.chat_ttft_p99_ms),
+                (obs.chat_e2e_p99_s, slo.chat_e2e_p99_ms),
+            )
+            if v is not None and limit is not None
+        ]
+        return max(ratios) if ratios else None
+
+    def _feedback(self, state: _Replica, obs: Observation) -> str:
+        pressure = self.pressure(obs)
+        after_change = obs.window_s is None or obs.t - obs.window_s >= state.changed_t
+        if pressure is None:
+            pressure = 0.0  # no chat in the window: nothing to protect, room to grow
+        if pressure > 1.0 and (after_change or pressure > state.cut_pressure):
+            state.target_s *= self.config.cut_factor
+            state.changed_t, state.cut_pressure = obs.t, pressure
+            return "cut"
+        if pressure < self.config.slack_fraction and after_change:
+            ceiling = self.slo.chat_itl_p99_ms / 1000
+            grown = state.target_s + self.config.growth_fraction * ceiling
+            if grown <= ceiling:
+                state.target_s, state.changed_t = grown, obs.t
+                state.cut_pressure = 1.0
+                return "grow"
+        return "hold"
+
+    def _cold_target(self) -> float:
+        return COLD_START_SHARE * self.slo.chat_itl_p99_ms / 1000
+
+    def _correct_model(self, state: _Replica, obs: Observation) -> None:
+        r = obs.step_time_ratio
+        if r is None or not math.isfinite(r) or r <= 0:
+            return
+        r = min(max(r, RATIO_BOUNDS[0]), RATIO_BOUNDS[1])
+        state.ratio += RATIO_SMOOTHING * (r - state.ratio)
+
+    # -- seats and KV -------------------------------------------------------------------------
+
+    def _seats(self, state: _Replica, obs: Observation) -> int:
+        cfg, in_flight = self.config, obs.batch_in_flight
+        cap = cfg.max_seats
+        if self.engine_slots is not None:
+            cap = min(cap, max(1, int(self.engine_slots * (1 - cfg.chat_slot_share))))
+        if not in_flight:
+            return min(cap, 1 if obs.chat_decoding else cap)
+        mean_context = sum(b.prompt_tokens + b.output_tokens for b in in_flight) / len(in_flight)
+        more = len(in_flight) + 1
+        decodes = StepBatch((), obs.chat_decoding + more,
+                            obs.chat_decode_context_tokens + int(more * mean_context))  # fmt: skip
+        fits = self.model.step_seconds(decodes) * state.ratio <= DECODE_SHARE * state.target_s
+        return min(cap, more if fits else len(in_flight))
+
+    def _kv_room(self, obs: Observation) -> int | None:
+        """KV tokens new batch admissions may claim: under the high-water mark, beside what the
+        engine holds and what admitted batch requests will still add (prompt rest and output)."""
+        cap = obs.kv_capacity_tokens
+        if not cap or obs.kv_usage is None:
+            return None
+        committed = obs.kv_usage * cap + sum(
+            b.prefill_remaining + max(0, b.output_tokens) for b in obs.batch_in_flight
+        )
+        return max(0, int(self.config.kv_high_water * cap - committed))
+
+    def _pause(self, reason: str, seats: int) -> Decision:
+        return Decision(seats, NO_SECTION_CAP, pause=True, reason=reason, batch_step_target_ms=0.0)
