@@ -1,4 +1,4 @@
-"""What one controller decision costs: the target is under 1 ms (issue 4).
+"""What one controller decision costs: the target is under 1 ms.
 
 The Gate decides for every replica every few seconds and the simulator for every replica every
 virtual interval, so decision cost bounds how many replicas one Gate can steer and how fast the
@@ -16,7 +16,7 @@ import sys
 import time
 
 from scheduler.admission import BatchInFlight, Observation
-from scheduler.controller import SLOController
+from scheduler.budget_controller import BudgetController
 from scheduler.latency_model import roofline_model
 from scheduler.slo import SLO
 
@@ -43,9 +43,10 @@ def observations(n: int, replicas: int, seed: int = 7) -> list[Observation]:
                 chat_decoding=rng.randint(0, 150),
                 chat_decode_context_tokens=rng.randint(0, 150) * 4000,
                 batch_in_flight=tuple(
-                    BatchInFlight(80_000, rng.randint(0, 80_000)) for _ in range(in_flight)
+                    BatchInFlight(80_000, rng.randint(0, 80_000), 500) for _ in range(in_flight)
                 ),
-                step_samples_s=tuple(rng.uniform(0.02, 0.06) for _ in range(256)),
+                step_time_ratio=rng.choice([None, rng.uniform(0.8, 1.4)]),
+                window_s=60.0,
             )
         )
     return out
@@ -57,7 +58,8 @@ def main() -> int:
     parser.add_argument("--replicas", type=int, default=8)
     args = parser.parse_args()
     model = roofline_model("llama-3.1-70b", "h100-sxm", 2, "fp8", "fp8", efficiency=0.6)
-    controller = SLOController(SLO(chat_itl_p99_ms=50, chat_ttft_p99_ms=1000), model)
+    slo = SLO(chat_itl_p99_ms=50, chat_ttft_p99_ms=1000)
+    controller = BudgetController(slo, model, engine_slots=256)
     obs = observations(args.decisions, args.replicas)
     costs = []
     for o in obs:

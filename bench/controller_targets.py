@@ -140,19 +140,15 @@ def missed_windows(result) -> list[dict]:
 
 def _policy(name: str, slo, model, flags):
     from scheduler.admission import StaticCaps
-    from scheduler.controller import ControllerConfig, SLOController, engine_step_tokens
+    from scheduler.budget_controller import BudgetController
 
     if name.startswith("static"):
         seats, chunk = (int(x) for x in name.split()[1].split("x"))
         return StaticCaps(seats, chunk)
     if name == "chat-only":
         return StaticCaps(0, 1)
-    config = ControllerConfig(
-        engine_step_tokens=engine_step_tokens(flags),
-        min_chunk_tokens=MAP_MIN_SECTION,
-        cold_start_chunk_tokens=MAP_MIN_SECTION,
-    )
-    return SLOController(slo, model, config)
+    slots = flags.get("max-num-seqs")
+    return BudgetController(slo, model, engine_slots=int(slots) if slots else None)
 
 
 def jobs(args: argparse.Namespace) -> list[Job]:

@@ -34,7 +34,7 @@ from bench.scoring import (
 )
 from bench.verdicts import pick_static, slo_from_chat_only, step_chunk_cap, summary
 from scheduler.admission import AdmissionPolicy, NoAdmissionControl, StaticCaps
-from scheduler.controller import ControllerConfig, SLOController
+from scheduler.budget_controller import BudgetController, BudgetControllerConfig
 from scheduler.records import RequestRecord, TokenGap
 from scheduler.slo import SLO
 from scheduler.step import StepTimeModel
@@ -100,7 +100,7 @@ class SimBench:
     """SLO window of a derived SLO."""
     static_sweep: tuple[tuple[int, int], ...] = ((1, 512), (2, 1024), (4, 2048))
     """Seats × section tokens of the static sweep."""
-    controller: ControllerConfig = field(default_factory=ControllerConfig)
+    controller: BudgetControllerConfig = field(default_factory=BudgetControllerConfig)
     """Tuning of the SLO controller of `controlled`."""
     results: str = "results"
     """Where run directories go (`results/runs/<run_id>`)."""
@@ -155,7 +155,8 @@ def run_sim_scenarios(bench: SimBench, progress: Callable[[str], None] | None = 
                 key = f"static-{seats}x{chunk}"
                 sweep[key] = _run(bench, key, "static", StaticCaps(seats, chunk), slo, say)
         elif name == "controlled":
-            ctrl = SLOController(slo, bench.model, bench.controller)
+            slots = bench.base.engine.max_num_seqs
+            ctrl = BudgetController(slo, bench.model, bench.controller, slots)
             runs[name] = _run(bench, name, "controlled", ctrl, slo, say)
     return _out(bench, slo, baseline, runs, sweep)
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from scheduler.controller import engine_step_tokens
+from scheduler.engine_flags import engine_step_tokens
 from scheduler.slo import SLO
 from scheduler.step import PrefillChunk, StepBatch, StepTimeModel
 

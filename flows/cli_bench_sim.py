@@ -88,7 +88,7 @@ def build(config: EngineConfig, opts: SimOptions) -> SimBench:
     from bench.sim_scenarios import GPU, SimBench, chat_workload
     from flows.cli_bench import DOCS, RATE, WINDOW_S
     from flows.cli_simulate import engine_params, sim_config, step_model
-    from scheduler.controller import ControllerConfig, engine_step_tokens
+    from scheduler.budget_controller import BudgetControllerConfig
 
     gpu = config.hardware.kind == "gpu"
     window = opts.window_s or (GPU.window_s if gpu else WINDOW_S)
@@ -108,10 +108,7 @@ def build(config: EngineConfig, opts: SimOptions) -> SimBench:
         seed=opts.seed,
         replicas=opts.replicas,
     )
-    sections = GPU.min_section_tokens
-    tuning = {"min_chunk_tokens": sections, "cold_start_chunk_tokens": sections} if gpu else {}
-    step_tokens = engine_step_tokens(_step_flags(base.engine))
-    controller = ControllerConfig(engine_step_tokens=step_tokens, **tuning)
+    controller = config.controller or BudgetControllerConfig()
     sweep = opts.static_sweep or (GPU.static_sweep if gpu else None)
     return SimBench(
         base=base,
@@ -127,16 +124,6 @@ def build(config: EngineConfig, opts: SimOptions) -> SimBench:
         hourly_usd=config.hardware.hourly_usd,
         **({"static_sweep": sweep} if sweep else {}),
     )
-
-
-def _step_flags(engine) -> dict:
-    """The simulated engine's step settings in the flag names `engine_step_tokens` reads, so the
-    controller prices batch prompts as the simulated engine runs them."""
-    return {
-        "max-num-batched-tokens": engine.max_num_batched_tokens,
-        "enable-chunked-prefill": engine.enable_chunked_prefill,
-        "long-prefill-token-threshold": engine.long_prefill_token_threshold,
-    }
 
 
 def _slo(opts: SimOptions, gpu: bool, window: float):

@@ -24,22 +24,32 @@ def run(
     replicas: int = typer.Option(1, min=1, help="Replicas to start when no URL is given."),
     run_id: str = typer.Option(None, help="Run id; the same id resumes an earlier run."),
     results: Path = typer.Option(Path("results"), help="Where run files and the DuckDB file go."),
-    policy: str = typer.Option("slo", help="Admission policy: slo, static or none."),
+    policy: str = typer.Option(
+        "slo",
+        help="Admission policy: slo (the controller steers the engine plug-in), budget (the "
+        "plug-in at a fixed target), static (fixed seats, stock engine) or none.",
+    ),
     latency_model: Path = typer.Option(
-        None, help="Fitted latency model JSON (`nightshift calibrate`); needed by policy slo."
+        None,
+        help="Latency fit the plug-in prices chunks with; default: the engine config's "
+        "(engine_configs/fits/<name>.json).",
     ),
     itl_slo_ms: float = typer.Option(None, help="Chat ITL p99 SLO in ms."),
     ttft_slo_ms: float = typer.Option(None, help="Chat TTFT p99 SLO in ms."),
-    static_seats: int = typer.Option(4, help="Seats for policy static."),
+    static_seats: int = typer.Option(4, help="Seats for policy static or budget."),
     static_chunk: int = typer.Option(2048, help="Chunk tokens for policy static."),
+    budget_target_ms: float = typer.Option(40.0, help="Batch step target for policy budget."),
     metrics_port: int = typer.Option(None, help="Serve the run's Prometheus metrics here."),
     pushgateway: str = typer.Option(None, help="Push the run's metrics here at the end."),
 ) -> None:
     """Run the nightly summarization now and print the run id."""
     from flows.nightly import default_pipeline, nightly_summarization
     from scheduler.slo import SLO
+    from serving.replica_targets import fit_path
 
     config = load_config_or_exit(engine_config)
+    fit = fit_path(engine_config, config.name)
+    latency_model = latency_model or (fit if fit.is_file() else None)
     _check_inputs(corpus, config, replica_url or [], run_id, results, policy, latency_model)
     slo = SLO(
         **{
@@ -60,6 +70,7 @@ def run(
         slo=slo,
         pipeline=default_pipeline(config),
         static_caps=(static_seats, static_chunk),
+        budget=(static_seats, budget_target_ms),
         metrics_port=metrics_port,
         pushgateway=pushgateway,
     )
@@ -87,12 +98,13 @@ def _check_inputs(
     from pipelines.corpus import CorpusError, read_corpus
     from pipelines.run_store import RunMismatch, check_resumable
 
-    if policy not in ("slo", "static", "none"):
-        raise fail(f"unknown --policy {policy!r}; use slo, static or none")
-    if policy == "slo" and latency_model is None:
+    if policy not in ("slo", "budget", "static", "none"):
+        raise fail(f"unknown --policy {policy!r}; use none, static, budget or slo")
+    if policy in ("slo", "budget") and latency_model is None:
         raise fail(
-            "--policy slo needs --latency-model FIT.json: fit one with "
-            "`nightshift calibrate --engine-config CONFIG --out FIT.json`"
+            f"--policy {policy} needs a latency fit and the engine config has none: fit one with "
+            "`nightshift calibrate --engine-config CONFIG --out engine_configs/fits/NAME.json` "
+            "or pass --latency-model FIT.json"
         )
     if latency_model is not None and not latency_model.is_file():
         raise fail(f"--latency-model {latency_model}: no such file")

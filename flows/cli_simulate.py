@@ -19,8 +19,8 @@ if TYPE_CHECKING:
     from serving.engine_config import EngineConfig
     from simulator.simulation import PolicyFactory
 
-CONTROLLERS = ("none", "static", "slo")
-POLICY_NAMES = {"none": "uncontrolled", "static": "static", "slo": "slo"}
+CONTROLLERS = ("none", "static", "budget", "slo")
+POLICY_NAMES = {"none": "uncontrolled", "static": "static", "budget": "static-budget", "slo": "slo"}
 """Names the runs table uses for each `--controller` choice."""
 WEIGHT_DTYPES = {"bfloat16": "bf16", "bf16": "bf16", "auto": "bf16", "float16": "fp16"}
 WEIGHT_DTYPES |= {"half": "fp16", "fp16": "fp16"}
@@ -73,10 +73,15 @@ def simulate_command(
     doc_tokens: Annotated[int, typer.Option(help="Tokens per document.")] = 80_000,
     batch_mode: Annotated[str, typer.Option(help="map (sections) or whole (documents).")] = "map",
     controller: Annotated[
-        str, typer.Option(help="Admission policy: none, static or slo.")
+        str, typer.Option(help="Admission policy: none, static, budget or slo.")
     ] = "none",
-    static_seats: Annotated[int, typer.Option(help="Batch seats of --controller static.")] = 4,
+    static_seats: Annotated[
+        int, typer.Option(help="Batch seats of --controller static or budget.")
+    ] = 4,
     static_chunk: Annotated[int, typer.Option(help="Chunk tokens of --controller static.")] = 2048,
+    budget_target_ms: Annotated[
+        float, typer.Option(help="Batch step target of --controller budget.")
+    ] = 40.0,
     control_interval: Annotated[float, typer.Option(help="Seconds between decisions.")] = 2.0,
     itl_slo_ms: Annotated[float, typer.Option(help="Chat ITL p99 SLO.")] = 50.0,
     ttft_slo_ms: Annotated[float, typer.Option(help="Chat TTFT p99 SLO.")] = 1000.0,
@@ -127,7 +132,13 @@ def simulate_command(
         )  # fmt: skip
         sim_cfg = apply_settings(sim_cfg, set_ or [])
         policy = policy_factory(
-            controller, sim_cfg, model, static_seats, static_chunk, cfg.controller
+            controller,
+            sim_cfg,
+            model,
+            static_seats,
+            static_chunk,
+            cfg.controller,
+            budget_target_ms,
         )
         trace = load_trace(chat_trace, trace_time_scale) if chat_trace else None
     except ValidationError as exc:
@@ -318,39 +329,31 @@ def explain(exc) -> str:
 
 
 def policy_factory(
-    name: str, sim_cfg, model: StepTimeModel, seats: int, chunk: int, tuning=None
+    name: str,
+    sim_cfg,
+    model: StepTimeModel,
+    seats: int,
+    chunk: int,
+    tuning=None,
+    target_ms: float = 40.0,
 ) -> PolicyFactory:
     """The admission policy behind `--controller`; one SLO controller serves every replica.
-    `tuning` is the engine config's `controller:` section (a ControllerConfig), if it has one."""
-    from scheduler.admission import NoAdmissionControl, StaticCaps
+    `tuning` is the engine config's `controller:` section, if it has one."""
+    from scheduler.admission import FixedBudget, NoAdmissionControl, StaticCaps
+    from scheduler.budget_controller import BudgetController
 
     if name == "none":
         return lambda _replica: NoAdmissionControl()
     if name == "static":
         caps = StaticCaps(seats, chunk)
         return lambda _replica: caps
+    if name == "budget":
+        fixed = FixedBudget(seats, target_ms)
+        return lambda _replica: fixed
     if name == "slo":
-        try:
-            from scheduler.controller import SLOController, controller_config
-        except ImportError as exc:
-            raise SimulateError(
-                f"--controller slo needs scheduler/controller.py ({exc}); use none or static"
-            ) from None
-        config = controller_config(tuning, step_flags(sim_cfg.engine))
-        ctrl = SLOController(sim_cfg.slo, model, config)
+        ctrl = BudgetController(sim_cfg.slo, model, tuning, sim_cfg.engine.max_num_seqs)
         return lambda _replica: ctrl
     raise SimulateError(f"--controller {name!r}: choose one of {', '.join(CONTROLLERS)}")
-
-
-def step_flags(engine) -> dict[str, Any]:
-    """The simulated engine's step settings as the engine config's dash-form flags: what
-    `engine_step_tokens` reads. Taken from the simulator's settings rather than the file, so
-    `--override` and `--set engine.*` reach the controller as they reach the engine."""
-    return {
-        "max-num-batched-tokens": engine.max_num_batched_tokens,
-        "enable-chunked-prefill": engine.enable_chunked_prefill,
-        "long-prefill-token-threshold": engine.long_prefill_token_threshold,
-    }
 
 
 def write_records(directory: Path, result, cfg: EngineConfig, policy: str) -> None:

@@ -103,6 +103,7 @@ def nightly_summarization(
     metrics_port: int | None = None,
     pushgateway: str | None = None,
     show_progress: bool = True,
+    budget: tuple[int, float] = (4, 40.0),
 ) -> dict:
     """Tonight's corpus, summarized on the shared replicas without breaking chat's SLO."""
     log = get_run_logger()
@@ -132,6 +133,8 @@ def nightly_summarization(
                 policy=policy,
                 latency_model=latency_model,
                 static_caps=static_caps,
+                budget=budget,
+                engine_state_dir=str(Path(results) / "engines"),
                 metrics_port=metrics_port,
                 pushgateway=pushgateway,
                 show_progress=show_progress,

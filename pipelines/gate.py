@@ -13,11 +13,12 @@ A cut never revokes a permit already granted: an in-flight prefill cannot be tak
 wasting it, so a cut only stops new grants until enough permits come back. Every decision is kept
 for the run's decisions table and exported to Prometheus.
 
-What "chunk size" means out here: the Gate cannot change how the engine splits a prompt, only what
-it admits, so `chunk_tokens` is the size of the batch prompt sections the pipeline sends (map-reduce
-mode) and seats are how many batch prefills run at once. Inside the engine the per-step prefill
-chunk is `max_num_batched_tokens` / `long_prefill_token_threshold` from the engine config, fixed at
-start-up, which the planner recommends. Batch always runs at a lower priority than chat.
+The chunk size is decided inside the engine: a decision's `batch_step_target_ms` goes to each
+replica's engine plug-in as a control document (its folder on this host, its control route
+otherwise), renewed every poll with an expiry of a few polls, so a Gate that dies leaves batch
+paused rather than uncontrolled. The Gate itself decides seats and checks every grant against the
+decision's KV room. Policies `none` and `static` write no control document: the engine is stock.
+Batch always runs at a lower priority than chat.
 """
 
 from __future__ import annotations
@@ -42,19 +43,26 @@ from pipelines.gate_setup import (
     build_sensor,
     check_interval,
     check_sensor_spec,
+    load_latency_model,
+    plugin_sensor,
     sensor_window_s,
 )
-from scheduler import kv_guard
-from scheduler.admission import BatchInFlight, Decision, Observation, prefill_fits
-from scheduler.controller import ControllerConfig, SLOController
+from scheduler.admission import BatchInFlight, Decision, Observation
+from scheduler.budget_controller import BudgetControllerConfig
 from scheduler.slo import SLO
 from scheduler.step import StepTimeModel
+from serving import engine_control
+from serving.engine_control import ControlError, ControlTarget
 from serving.sensors import Sensor, StreamedTimingsSensor
 
 log = logging.getLogger("nightshift.gate")
 
 BATCH_PRIORITY = 10
 """vLLM's `priority` for batch requests: lower runs first and chat sends 0, so batch always yields."""
+CONTROL_TTL_POLLS = 3
+"""A control document outlives this many polls: one lost write or a slow poll does not pause
+batch, a Gate gone for longer does."""
+MIN_CONTROL_TTL_S = 10.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,6 +85,7 @@ class _Held:
     permit: Permit
     prompt_tokens: int
     prefilled_tokens: int = 0
+    output_tokens: int = 0
 
 
 @dataclass
@@ -88,8 +97,8 @@ class _Replica:
     up: bool = True
     decision: Decision | None = None
     observation: Observation | None = None
-    committed_kv: float = 0.0
-    granted_kv_tokens: int = 0  # KV of permits granted since the last observation
+    granted_kv_tokens: int = 0  # KV of permits granted since the last decision
+    control_seq: int = 0
     held: dict[str, _Held] = field(default_factory=dict)
 
     def free_seats(self) -> int:
@@ -106,13 +115,15 @@ class GateActor:
         replicas: Iterable[tuple[str, str]],
         slo: SLO | None = None,
         policy: PolicyName = "slo",
-        controller: ControllerConfig | None = None,
+        controller: BudgetControllerConfig | None = None,
         latency_model: str | Path | StepTimeModel | None = None,
         static_caps: tuple[int, int] = (4, 2048),
         sensor: Mapping[str, Any] | Sensor | None = None,
         interval_s: float = 5.0,
         metrics_port: int | None = None,
         engine_flags: Mapping[str, Any] | None = None,
+        budget: tuple[int, float] = (4, 40.0),
+        control_targets: Mapping[str, ControlTarget] | None = None,
     ) -> None:
         self.run_id = run_id
         self.replicas = {name: _Replica(name, url) for name, url in replicas}
@@ -120,20 +131,29 @@ class GateActor:
             raise ValueError("a Gate needs at least one replica (name, base_url)")
         self.slo = slo or SLO()
         self.policy = build_policy(
-            policy, self.slo, controller, latency_model, static_caps, engine_flags
+            policy, self.slo, controller, latency_model, static_caps, engine_flags, budget
         )
-        check_interval(self.policy, interval_s)
+        check_interval(policy, controller, interval_s)
+        self.kv_high_water = (controller or BudgetControllerConfig()).kv_high_water
+        self.kv_guarded = policy == "slo"
+        """Baselines are blind to KV by design; the controller's KV room is checked at grants."""
+        steers = policy in ("slo", "budget")
+        self.model = load_latency_model(policy, latency_model) if steers else None
+        self.control = dict(control_targets or {}) if steers else {}
         sensor = sensor or {"kind": "vllm"}
         self.streamed = StreamedTimingsSensor(self.replicas, window_s=sensor_window_s(sensor))
         urls = {r.name: r.base_url for r in self.replicas.values()}
-        self.sensor = build_sensor(sensor, urls, self.streamed)
+        self.plugin = plugin_sensor(control_targets, sensor)
+        self.sensor = build_sensor(sensor, urls, self.streamed, self.plugin)
         self.interval_s = interval_s
         self.metrics = GateMetrics()
         self.metrics_port = self.metrics.serve(metrics_port) if metrics_port is not None else None
         self._rows: list[dict] = []
         self._ids = itertools.count(1)
-        self._counts = {"granted": 0, "released": 0, "failed": 0, "polls": 0, "sensor_errors": 0}
+        self._counts = {"granted": 0, "released": 0, "failed": 0, "polls": 0, "sensor_errors": 0,
+                        "control_errors": 0}  # fmt: skip
         self._waiting = 0
+        self._steps_exported = 0
         self._cond = asyncio.Condition()  # binds to the actor's loop on first use
         self._loop_task: asyncio.Task | None = None
         self._stopped: str | None = None
@@ -236,13 +256,18 @@ class GateActor:
     # -- views ------------------------------------------------------------------------------
 
     async def caps(self) -> dict[str, dict]:
-        """Current caps per replica; the pipeline sizes document sections by `chunk_tokens`."""
+        """Current caps per replica."""
         await self._start()
         return self._caps()
 
     async def decision_rows(self) -> list[dict]:
-        """Every decision so far, as rows of the decisions table (DESIGN §4)."""
+        """Every decision so far, as rows of the decisions table."""
         return list(self._rows)
+
+    async def engine_step_rows(self) -> list[dict]:
+        """The engine plug-ins' status as read at every poll, as rows of the engine_steps table."""
+        rows = self.plugin.step_rows if self.plugin is not None else []
+        return [{"run_id": self.run_id, **row} for row in rows]
 
     async def stats(self) -> dict:
         return {
@@ -271,6 +296,11 @@ class GateActor:
         for r in self.replicas.values():
             if r.up:
                 self._apply(r, self._enrich(r, observations.get(r.name)))
+                await self._send_control(r)
+        if self.plugin is not None:
+            for row in self.plugin.step_rows[self._steps_exported :]:
+                self.metrics.record_steps(row)
+            self._steps_exported = len(self.plugin.step_rows)
         self._counts["polls"] += 1
         async with self._cond:
             self._cond.notify_all()
@@ -315,7 +345,10 @@ class GateActor:
         requests; the ones we admitted are batch, the rest chat, and all of them decode."""
         if obs is None:
             return Observation(t=time.time(), replica=r.name, fresh=False)
-        batch = tuple(BatchInFlight(h.prompt_tokens, h.prefilled_tokens) for h in r.held.values())
+        batch = tuple(
+            BatchInFlight(h.prompt_tokens, h.prefilled_tokens, h.output_tokens)
+            for h in r.held.values()
+        )
         decoding_batch = [b for b in batch if b.prefill_remaining == 0]
         chat = obs.chat_decoding or max(0, obs.running - len(decoding_batch))
         context = obs.chat_decode_context_tokens
@@ -332,18 +365,33 @@ class GateActor:
     def _apply(self, r: _Replica, obs: Observation) -> None:
         decision = self.policy.decide(obs)
         changed = r.decision is None or (
-            (r.decision.batch_seats, r.decision.chunk_tokens, r.decision.pause)
-            != (decision.batch_seats, decision.chunk_tokens, decision.pause)
+            (r.decision.batch_seats, r.decision.batch_step_target_ms, r.decision.pause)
+            != (decision.batch_seats, decision.batch_step_target_ms, decision.pause)
         )
         r.decision, r.observation = decision, obs
-        r.committed_kv = kv_guard.committed_kv(
-            obs.kv_usage or 0.0, obs.kv_capacity_tokens, obs.batch_in_flight
-        )
         r.granted_kv_tokens = 0
         self._rows.append(_row(self.run_id, obs, decision))
         self.metrics.record(obs, decision, len(r.held))
         level = logging.INFO if changed else logging.DEBUG
         log.log(level, "%s: %s in_flight=%d", r.name, decision, len(r.held))
+
+    async def _send_control(self, r: _Replica) -> None:
+        """The decision's step target (or pause) to the replica's engine plug-in, if it steers."""
+        target, d = self.control.get(r.name), r.decision
+        if target is None or d is None or self.model is None:
+            return
+        if d.batch_step_target_ms is None and not d.pause:
+            return
+        r.control_seq = engine_control.next_seq(r.control_seq)
+        ttl = max(MIN_CONTROL_TTL_S, CONTROL_TTL_POLLS * self.interval_s)
+        doc = engine_control.decision_document(
+            r.control_seq, d.batch_step_target_ms or 0.0, self.model, ttl, d.pause
+        )
+        try:
+            await asyncio.to_thread(engine_control.send, target, doc)
+        except ControlError as exc:
+            self._counts["control_errors"] += 1
+            log.warning("%s: control document not delivered (%s)", r.name, exc)
 
     # -- routing ----------------------------------------------------------------------------
 
@@ -358,36 +406,29 @@ class GateActor:
         return max(open_, key=lambda r: (r.free_seats(), -(r.observation.kv_usage or 0.0)))
 
     def _can_take(self, r: _Replica, prompt_tokens: int, kv_tokens: int, now: float) -> bool:
+        """Whether `r` may take a request now: up, a decision that admits, a free seat, and KV
+        room for the whole request (prompt and output) beside what was granted since the
+        decision, so an admitted document is never preempted."""
         d, obs = r.decision, r.observation
         if not r.up or d is None or obs is None or d.pause or r.free_seats() <= 0:
             return False
-        if not isinstance(self.policy, SLOController):
-            return True  # baselines are blind to KV and staleness by design
-        if self.policy.is_stale(r.name, now):
-            return False
-        prefilling = sum(h.prompt_tokens - h.prefilled_tokens for h in r.held.values())
-        step = self.policy.config.engine_step_tokens
-        if not prefill_fits(
-            prefilling, prompt_tokens, d.chunk_tokens, step, d.prefill_budget_tokens
-        ):
-            return False
-        cap = obs.kv_capacity_tokens
-        committed = r.committed_kv + (r.granted_kv_tokens / cap if cap else 0.0)
-        return kv_guard.request_fits(committed, cap, kv_tokens, self.policy.config.kv_high_water)
+        room = d.kv_room_tokens
+        return room is None or r.granted_kv_tokens + kv_tokens <= room
 
     def _check_can_ever_fit(self, kv_tokens: int) -> None:
         """Fail at once, not wait forever, for a request no replica could hold or none is up."""
         up = [r for r in self.replicas.values() if r.up]
         if not up:
             raise RuntimeError("every replica is marked down; no batch seat can be granted")
-        if not isinstance(self.policy, SLOController):
+        if not self.kv_guarded:
             return
-        high_water = self.policy.config.kv_high_water
+        high_water = self.kv_high_water
         caps = [r.observation.kv_capacity_tokens for r in up if r.observation]
         if caps and all(c and kv_tokens > c * high_water for c in caps):
             raise ValueError(
                 f"a request of {kv_tokens} KV tokens exceeds every replica's KV high-water mark "
-                f"({high_water} of {max(caps)} tokens); split the document into smaller sections"
+                f"({high_water} of {max(caps)} tokens); summarize it in sections (job mode "
+                "map_reduce, or a smaller section_tokens)"
             )
 
     def _grant(self, r: _Replica, doc_id: str, prompt_tokens: int, kv_tokens: int) -> Permit:
@@ -399,7 +440,7 @@ class GateActor:
             priority=BATCH_PRIORITY,
             granted_at=time.time(),
         )
-        r.held[permit.permit_id] = _Held(permit, prompt_tokens)
+        r.held[permit.permit_id] = _Held(permit, prompt_tokens, 0, kv_tokens - prompt_tokens)
         r.granted_kv_tokens += kv_tokens
         self._counts["granted"] += 1
         log.debug("granted %s on %s for %s", permit.permit_id, r.name, doc_id)
@@ -422,7 +463,8 @@ class GateActor:
                 "pause": True if not r.up or r.decision is None else r.decision.pause,
                 "reason": "down" if not r.up else (r.decision.reason if r.decision else "none"),
                 "in_flight": len(r.held),
-                "prefill_budget_tokens": r.decision.prefill_budget_tokens if r.decision else None,
+                "batch_step_target_ms": r.decision.batch_step_target_ms if r.decision else None,
+                "kv_room_tokens": r.decision.kv_room_tokens if r.decision else None,
             }
             for r in self.replicas.values()
         }
@@ -442,6 +484,8 @@ def _row(run_id: str, obs: Observation, d: Decision) -> dict:
         "predicted_step_ms": d.predicted_step_ms,
         "reason": d.reason,
         "prefill_budget_tokens": d.prefill_budget_tokens,
+        "batch_step_target_ms": d.batch_step_target_ms,
+        "kv_room_tokens": d.kv_room_tokens,
     }
 
 
@@ -460,15 +504,18 @@ def start_gate(
     """Create the run's Gate, or join it if it already exists. Arguments are checked here first,
     so a typo fails in the caller with its message rather than later inside the actor."""
     replicas = list(replicas)
-    policy = build_policy(
+    build_policy(
         kwargs.get("policy", "slo"),
         kwargs.get("slo") or SLO(),
         kwargs.get("controller"),
         kwargs.get("latency_model"),
         kwargs.get("static_caps", (4, 2048)),
         kwargs.get("engine_flags"),
+        kwargs.get("budget", (4, 40.0)),
     )
-    check_interval(policy, kwargs.get("interval_s", 5.0))
+    check_interval(
+        kwargs.get("policy", "slo"), kwargs.get("controller"), kwargs.get("interval_s", 5.0)
+    )
     check_sensor_spec(kwargs.get("sensor") or {})
     return Gate.options(name=gate_name(run_id), get_if_exists=True, lifetime=lifetime).remote(
         run_id, replicas, **kwargs

@@ -20,16 +20,27 @@ class GateMetrics:
         self.batch_seats = Gauge(
             "nightshift_batch_seats", "Batch sequences a replica may run.", ["replica"], registry=r
         )
-        self.chunk_tokens = Gauge(
-            "nightshift_chunk_tokens",
-            "Largest batch chunk a replica may take.",
+        self.step_target = Gauge(
+            "nightshift_batch_step_target_seconds",
+            "Step time the engine plug-in sizes batch prefill chunks to (NaN: stock engine).",
             ["replica"],
             registry=r,
         )
-        self.prefill_budget = Gauge(
-            "nightshift_prefill_budget_tokens",
-            "Most batch prompt tokens a replica may have awaiting prefill (NaN: unbounded).",
+        self.tokens_per_step = Gauge(
+            "nightshift_batch_tokens_per_step",
+            "Batch prefill tokens per engine step that carried batch, as the plug-in counted.",
             ["replica"],
+            registry=r,
+        )
+        self.kv_room = Gauge(
+            "nightshift_kv_room_tokens",
+            "KV tokens new batch requests may claim (NaN: not bounded).",
+            ["replica"],
+            registry=r,
+        )
+        self.last_decision = Gauge(
+            "nightshift_controller_last_decision_timestamp_seconds",
+            "When the controller last decided (Unix time).",
             registry=r,
         )
         self.paused = Gauge(
@@ -62,18 +73,24 @@ class GateMetrics:
         """Export one decision and the observation it was made on."""
         name = obs.replica
         self.batch_seats.labels(name).set(decision.batch_seats)
-        self.chunk_tokens.labels(name).set(decision.chunk_tokens)
         self.paused.labels(name).set(1 if decision.pause else 0)
         self.in_flight.labels(name).set(in_flight)
         self.decisions.labels(decision.reason or "none").inc()
+        self.last_decision.set(obs.t)
+        target = decision.batch_step_target_ms
         for gauge, value in (
-            (self.prefill_budget, decision.prefill_budget_tokens),
+            (self.step_target, None if target is None else target / 1000),
+            (self.kv_room, decision.kv_room_tokens),
             (self.chat_itl_p99, obs.chat_itl_p99_s),
             (self.chat_ttft_p99, obs.chat_ttft_p99_s),
             (self.kv_usage, obs.kv_usage),
         ):
             # NaN, not a stale number, when the window measured nothing (or nothing bounds it)
             gauge.labels(name).set(float("nan") if value is None else value)
+
+    def record_steps(self, row: dict) -> None:
+        """Export the plug-in's latest status read (an `engine_steps` row)."""
+        self.tokens_per_step.labels(row["replica"]).set(row["batch_tokens_per_step"])
 
     def serve(self, port: int, addr: str = "0.0.0.0") -> int:
         """Start the HTTP exporter; returns the bound port (pass 0 to let the OS pick one)."""

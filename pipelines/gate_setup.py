@@ -10,10 +10,13 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
-from scheduler.admission import AdmissionPolicy, NoAdmissionControl, StaticCaps
-from scheduler.controller import ControllerConfig, SLOController, controller_config
+from scheduler.admission import AdmissionPolicy, FixedBudget, NoAdmissionControl, StaticCaps
+from scheduler.budget_controller import BudgetController, BudgetControllerConfig
+from scheduler.latency_model import LatencyModel
 from scheduler.slo import SLO
 from scheduler.step import StepTimeModel
+from serving.engine_control import ControlTarget
+from serving.plugin_sensor import PluginStatusSensor
 from serving.sensors import (
     MergedSensor,
     PrometheusSensor,
@@ -22,41 +25,73 @@ from serving.sensors import (
     VllmMetricsSensor,
 )
 
-PolicyName = Literal["slo", "static", "none"]
+PolicyName = Literal["slo", "budget", "static", "none"]
+POLICIES = ("none", "static", "budget", "slo")
+"""`none`: stock engine, batch at full concurrency; `static`: stock engine, fixed seats (sections
+are the job's); `budget`: the engine plug-in at a fixed batch step target and fixed seats;
+`slo`: the plug-in driven by the SLO controller."""
 
 
 def build_policy(
     policy: PolicyName,
     slo: SLO,
-    controller: ControllerConfig | None = None,
+    controller: BudgetControllerConfig | None = None,
     latency_model: str | Path | StepTimeModel | None = None,
     static_caps: tuple[int, int] = (4, 2048),
     engine_flags: Mapping[str, Any] | None = None,
+    budget: tuple[int, float] = (4, 40.0),
 ) -> AdmissionPolicy:
     """The admission policy a Gate runs: the SLO controller, or a baseline for comparison.
 
-    `engine_flags` are the replicas' engine config `vllm:` flags: from them the controller learns
-    the engine's step size, which prices batch prompts as the engine runs them and turns on the
-    TTFT guard (see `controller_config`)."""
+    `engine_flags` are the replicas' engine config `vllm:` flags: the controller leaves chat its
+    share of their `max-num-seqs`. `budget` is (seats, batch step target ms) of policy `budget`."""
     if policy == "none":
         return NoAdmissionControl()
     if policy == "static":
         return StaticCaps(*static_caps)
+    if policy == "budget":
+        return FixedBudget(*budget)
     if policy != "slo":
-        raise ValueError(f"unknown policy {policy!r}; use one of 'slo', 'static', 'none'")
+        raise ValueError(f"unknown policy {policy!r}; use one of {', '.join(POLICIES)}")
+    model = load_latency_model(policy, latency_model)
+    slots = (engine_flags or {}).get("max-num-seqs")
+    return BudgetController(slo, model, controller, int(slots) if slots else None)
+
+
+def load_latency_model(
+    policy: str, latency_model: str | Path | StepTimeModel | None
+) -> StepTimeModel:
+    """The step-time model the plug-in prices chunks with under `policy`."""
     if latency_model is None:
         raise ValueError(
-            "policy 'slo' needs latency_model: a LatencyModel JSON path (fit one with "
+            f"policy {policy!r} needs latency_model: a LatencyModel JSON path (fit one with "
             "`nightshift calibrate`, or save scheduler.latency_model.roofline_model(...))"
         )
     if isinstance(latency_model, str | Path):
-        from scheduler.latency_model import LatencyModel
-
-        latency_model = LatencyModel.from_json(latency_model)
-    return SLOController(slo, latency_model, controller_config(controller, engine_flags))
+        return LatencyModel.from_json(latency_model)
+    return latency_model
 
 
 def build_sensor(
+    spec: Mapping[str, Any] | Sensor,
+    replicas: Mapping[str, str],
+    streamed: StreamedTimingsSensor,
+    plugin: PluginStatusSensor | None = None,
+) -> Sensor:
+    """`engine_sensor(...)`, with chat latency and step ratios taken first from the replicas'
+    engine plug-in (`plugin`) wherever it has measured them: chat's own numbers."""
+    sensor = engine_sensor(spec, replicas, streamed)
+    return sensor if plugin is None else MergedSensor(sensor, plugin)
+
+
+def plugin_sensor(
+    targets: Mapping[str, ControlTarget] | None, spec: Mapping[str, Any] | Sensor | None
+) -> PluginStatusSensor | None:
+    """The plug-in status sensor for `targets`, windowed like the spec's sensor; None without."""
+    return PluginStatusSensor(targets, window_s=sensor_window_s(spec)) if targets else None
+
+
+def engine_sensor(
     spec: Mapping[str, Any] | Sensor, replicas: Mapping[str, str], streamed: StreamedTimingsSensor
 ) -> Sensor:
     """A sensor from a spec: `{"kind": "vllm", "report_ttft": bool}`, `{"kind": "prometheus",
@@ -104,11 +139,16 @@ def check_sensor_spec(spec: Mapping[str, Any] | Sensor) -> str:
     return kind
 
 
-def check_interval(policy: AdmissionPolicy, interval_s: float) -> None:
+def check_interval(
+    policy: str, controller: BudgetControllerConfig | None, interval_s: float
+) -> None:
     """The controller treats a replica as stale after `stale_after_s` without a fresh observation,
     so polling less often than that would pause batch between every two polls."""
-    if isinstance(policy, SLOController) and interval_s >= policy.config.stale_after_s:
+    if policy != "slo":
+        return
+    stale = (controller or BudgetControllerConfig()).stale_after_s
+    if interval_s >= stale:
         raise ValueError(
             f"interval_s {interval_s} must be below the controller's stale_after_s "
-            f"{policy.config.stale_after_s}; poll more often or raise stale_after_s"
+            f"{stale}; poll more often or raise stale_after_s"
         )

@@ -23,7 +23,7 @@ from pipelines.corpus import classify, read_corpus
 from pipelines.progress import RunProgress
 from pipelines.run_metrics import RunMetrics
 from pipelines.run_store import RunStore
-from scheduler.controller import ControllerConfig
+from scheduler.budget_controller import BudgetControllerConfig
 from scheduler.slo import SLO
 from serving.engine_config import EngineConfig, load_engine_config
 from serving.engine_itl import EngineItlRecorder
@@ -44,10 +44,17 @@ class JobSpec:
     pipeline: PipelineConfig = field(default_factory=PipelineConfig)
     slo: SLO = field(default_factory=SLO)
     policy: str = "slo"
-    controller: ControllerConfig | None = None
+    controller: BudgetControllerConfig | None = None
     """Controller tuning; None takes the engine config's `controller:` section (or the defaults)."""
     latency_model: str | None = None
+    """The fit the plug-in prices chunks with; None takes the engine config's
+    (`engine_configs/fits/<name>.json`)."""
     static_caps: tuple[int, int] = (4, 2048)
+    budget: tuple[int, float] = (4, 40.0)
+    """Seats and batch step target (ms) of policy `budget`."""
+    engine_state_dir: str = "results/engines"
+    """Where replicas started on this host keep their control folders; others are steered over
+    their control route."""
     sensor: dict | None = None
     """The Gate's sensor spec (`pipelines.gate_setup.build_sensor`); None reads each replica's
     `/metrics` with p99s sliding over the SLO's window, the span the SLO is judged over, and ITL
@@ -123,6 +130,7 @@ def run_job(spec: JobSpec) -> JobResult:
                 deadline = _stop_later(gate, spec.stop_after_s)
                 totals = _summarize(ray, tokenized, spec, engine, store, gate, metrics)
         store.write_decisions(ray.get(gate.decision_rows.remote()))
+        store.write_engine_steps(ray.get(gate.engine_step_rows.remote()))
     finally:
         if deadline is not None:
             deadline.cancel()
@@ -179,6 +187,10 @@ def _init_ray():
 
 def _start_gate(spec: JobSpec, engine: EngineConfig):
     from pipelines.gate import start_gate
+    from serving.replica_targets import control_targets, fit_path
+
+    fit = fit_path(spec.engine_config, engine.name)
+    latency_model = spec.latency_model or (str(fit) if fit.is_file() else None)
 
     # ITL from the engine's histogram even where chat streams its gaps to the Gate: that is what
     # the run's SLO windows are judged by (sql/slo_windows.sql), and client gaps carry host noise.
@@ -188,8 +200,10 @@ def _start_gate(spec: JobSpec, engine: EngineConfig):
         spec.replicas,
         policy=spec.policy,
         slo=spec.slo,
-        latency_model=spec.latency_model,
+        latency_model=latency_model,
         static_caps=spec.static_caps,
+        budget=spec.budget,
+        control_targets=control_targets(spec.replicas, spec.engine_state_dir),
         sensor=sensor,
         interval_s=spec.interval_s,
         metrics_port=spec.gate_metrics_port,

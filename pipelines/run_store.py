@@ -125,6 +125,11 @@ class RunStore:
         if rows:
             self._part("engine_itl", rows)
 
+    def write_engine_steps(self, rows: list[dict]) -> None:
+        """The engine plug-in's status as the Gate read it (`serving.plugin_sensor`)."""
+        if rows:
+            self._part("engine_steps", rows)
+
     def finish(self, meta: RunMeta) -> RunMeta:
         """Compact the documents table and stamp the end time."""
         self._compact_documents()

@@ -140,6 +140,28 @@ class NoAdmissionControl:
 
 
 @dataclass
+class FixedBudget:
+    """The engine plug-in at a fixed batch step target and fixed seats, blind to load: the
+    `static-budget` baseline a sweep picks in hindsight."""
+
+    batch_seats: int
+    batch_step_target_ms: float
+
+    def __post_init__(self) -> None:
+        if self.batch_seats < 0 or not self.batch_step_target_ms >= 0:
+            raise ValueError(
+                f"a fixed budget needs batch_seats >= 0 and a target >= 0 ms, got "
+                f"{self.batch_seats} and {self.batch_step_target_ms}"
+            )
+
+    def decide(self, observation: Observation) -> Decision:
+        return Decision(
+            self.batch_seats, 1 << 30, reason="static-budget",
+            batch_step_target_ms=self.batch_step_target_ms,
+        )  # fmt: skip
+
+
+@dataclass
 class StaticCaps:
     """Fixed seats and chunk size, blind to load: the `static` baseline a sweep picks in hindsight."""
 

@@ -13,7 +13,7 @@ from typing import Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from scheduler.controller import ControllerConfig
+from scheduler.budget_controller import BudgetControllerConfig
 
 FlagValue = bool | int | float | str | list[str | int | float] | dict[str, list[float]]
 
@@ -80,10 +80,11 @@ class EngineConfig(BaseModel):
     hardware: HardwareSection = Field(default_factory=HardwareSection)
     vllm: dict[str, FlagValue] = Field(default_factory=dict, description="Engine flags.")
     env: dict[str, str] = Field(default_factory=dict, description="Engine environment variables.")
-    controller: ControllerConfig | None = Field(
+    controller: BudgetControllerConfig | None = Field(
         None,
-        description="Admission controller tuning for this replica class (keys of "
-        "`scheduler.controller.ControllerConfig`); the Gate uses it unless a run sets its own.",
+        description="SLO controller tuning for this replica class (keys of "
+        "`scheduler.budget_controller.BudgetControllerConfig`); the Gate uses it unless a run "
+        "sets its own.",
     )
 
     @field_validator("vllm")

@@ -6,6 +6,7 @@ folder is reached through its control folder; any other URL through its control 
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from pathlib import Path
 
 from scheduler.latency_model import LatencyModel
@@ -59,6 +60,22 @@ def resolve_target(
     if found is not None:
         return ControlTarget(found.name, folder=found.control_dir, base_url=found.base_url), model
     return ControlTarget(replica, base_url=replica, api_key=api_key), model
+
+
+def control_targets(
+    replicas: Iterable[tuple[str, str]], state_dir: str | Path, api_key: str | None = None
+) -> dict[str, ControlTarget]:
+    """Where each (name, url) replica takes its control document: the control folder of a
+    replica recorded under `state_dir`, else its control route."""
+    recorded = ReplicaSet(state_dir).load()
+    out = {}
+    for name, url in replicas:
+        found = _find(recorded, url) or _find(recorded, name)
+        if found is not None:
+            out[name] = ControlTarget(name, folder=found.control_dir, base_url=found.base_url)
+        else:
+            out[name] = ControlTarget(name, base_url=url, api_key=api_key)
+    return out
 
 
 def _find(recorded: list[Replica], replica: str) -> Replica | None:

@@ -90,9 +90,12 @@ class BatchWorkload(_Strict):
     instruction_tokens: int = Field(200, ge=0, description="Instruction every batch prompt shares.")
     mode: Literal["map", "whole"] = Field(
         "map",
-        description="`map`: sections of at most the decided chunk size, each its own request, "
-        "then a reduce over their summaries; `whole`: one request per document, prefilled in "
-        "chunks of at most that size.",
+        description="`map`: sections of `section_tokens` (a static-engine baseline's smaller "
+        "section size wins), each its own request, then a reduce over their summaries; `whole`: "
+        "one request per document, its prefill chunks sized by the engine plug-in.",
+    )
+    section_tokens: int = Field(
+        8192, ge=1, description="Document tokens per section in map mode: a job setting."
     )
     start_s: float = Field(0.0, ge=0, description="Virtual time at which the backlog appears.")
 

@@ -1,15 +1,15 @@
 """Batch admission under the policy's caps: the simulated counterpart of the pipeline's Gate.
 
-Each replica has the caps of its latest decision: at most `batch_seats` batch requests in flight, and
-a chunk size. In `map` mode the chunk size is the section size: a document is cut into sections of
-at most `chunk_tokens` document tokens, one request each, cut when a seat frees so every section takes
-the size decided at that moment; once all sections are summarized, a `reduce` request turns their
-summaries into the document's summary (as the pipeline's map-reduce does). In `whole` mode a document
-is one request, prefilled in chunks of at most `chunk_tokens` (the in-engine plug-in's view). `pause`
-admits nothing new; what is in flight runs on, since a sent request cannot be recalled. A decision's
-`prefill_budget_tokens` holds back a request until the batch prompt tokens still awaiting prefill
-leave room for it, as the Gate does at every grant: the simulation admits again whenever a batch
-request gets its first token.
+Each replica has the caps of its latest decision: at most `batch_seats` batch requests in flight,
+and KV room (`kv_room_tokens`) that a request's prompt and output must fit, checked at every grant
+as the Gate does. In `map` mode a document is cut into sections of the job's `section_tokens`
+(or a baseline's smaller `chunk_tokens`: the static-engine policy's section size), one request each;
+once all sections are summarized, a `reduce` request turns their summaries into the document's
+summary (as the pipeline's map-reduce does). In `whole` mode a document is one request; the engine
+plug-in sizes its prefill chunks every step (`EngineScheduler.batch_target`), and a baseline's
+`chunk_tokens` caps them as an engine-wide chunk size would. `pause` admits nothing new; what is in
+flight runs on, since a sent request cannot be recalled. A decision's `prefill_budget_tokens`
+holds back a request until the batch prompt tokens still awaiting prefill leave room for it.
 """
 
 from __future__ import annotations
@@ -81,15 +81,21 @@ class BatchDispatcher:
             return []
         new: list[Request] = []
         pending = sum(max(0, r.prompt_tokens - r.num_computed) for r in seats.in_flight)
+        room = d.kv_room_tokens
+        section = min(d.chunk_tokens, self.cfg.section_tokens)
         while (self.reduces or self.queue) and len(seats.in_flight) < d.batch_seats:
-            size = self._next_prompt_tokens(d.chunk_tokens)
+            size = self._next_prompt_tokens(section)
             if not within_prefill_budget(pending, size, d.prefill_budget_tokens):
                 break
+            need = size + self._next_output_tokens(section)
+            if room is not None and need > room:
+                break
             pending += size
+            room = None if room is None else room - need
             if self.reduces:
                 req = self._reduce(self.reduces.popleft(), now)
             else:
-                req = self._next_section(self.queue[0], d.chunk_tokens, now)
+                req = self._next_section(self.queue[0], section, d.chunk_tokens, now)
             req.replica = replica
             seats.in_flight.append(req)
             new.append(req)
@@ -105,9 +111,19 @@ class BatchDispatcher:
             body = remaining if self.cfg.mode == "whole" else min(max(1, chunk_tokens), remaining)
         return self.cfg.instruction_tokens + body
 
-    def _next_section(self, doc: Document, chunk_tokens: int, now: float) -> Request:
+    def _next_output_tokens(self, section_tokens: int) -> int:
+        """Output tokens of the request `admit` would make next."""
+        if self.reduces:
+            return self.cfg.summary_tokens
+        doc = self.queue[0]
+        whole = self.cfg.mode == "whole" or (doc.cut == 0 and doc.tokens <= section_tokens)
+        return self.cfg.summary_tokens if whole else self.cfg.section_summary_tokens
+
+    def _next_section(
+        self, doc: Document, section_tokens: int, chunk_tokens: int, now: float
+    ) -> Request:
         remaining = doc.tokens - doc.cut
-        size = remaining if self.cfg.mode == "whole" else min(max(1, chunk_tokens), remaining)
+        size = remaining if self.cfg.mode == "whole" else min(max(1, section_tokens), remaining)
         stage = "whole" if size == doc.tokens else "map"
         index = doc.sections
         doc.cut += size

@@ -61,6 +61,8 @@ DECISION_SCHEMA = pa.schema(
         ("observed_ttft_p99_s", pa.float64()),
         ("observed_kv_usage", pa.float64()),
         ("prefill_budget_tokens", pa.int64()),
+        ("batch_step_target_ms", pa.float64()),
+        ("kv_room_tokens", pa.int64()),
     ]
 )
 DOCUMENT_SCHEMA = pa.schema(
@@ -137,6 +139,8 @@ class Recorder:
                 "observed_ttft_p99_s": obs.chat_ttft_p99_s,
                 "observed_kv_usage": obs.kv_usage,
                 "prefill_budget_tokens": d.prefill_budget_tokens,
+                "batch_step_target_ms": d.batch_step_target_ms,
+                "kv_room_tokens": d.kv_room_tokens,
             }
         )
 

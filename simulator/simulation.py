@@ -13,8 +13,9 @@ import math
 import random
 from collections.abc import Callable
 
-from scheduler.admission import AdmissionPolicy
+from scheduler.admission import AdmissionPolicy, Decision
 from scheduler.step import StepTimeModel
+from scheduler.step_budget import BatchStepTarget
 from simulator.config import SimConfig
 from simulator.dispatcher import BatchDispatcher
 from simulator.entities import Request
@@ -140,6 +141,7 @@ class Simulation:
             decision = self.policies[replica.name].decide(obs)
             self.recorder.decision(obs, decision)
             self.dispatcher.set_decision(replica.name, decision)
+            engine.batch_target = plug_in_target(decision, replica.model)
             follow.extend(self.admit_batch(replica))
         return follow
 
@@ -159,3 +161,12 @@ class Simulation:
         for replica in self.replicas:
             for req in replica.engine.running + replica.engine.waiting():
                 self.recorder.finish(req, self.now, status="cancelled")
+
+
+def plug_in_target(decision: Decision, model: StepTimeModel) -> BatchStepTarget | None:
+    """What the replica's engine plug-in applies under `decision`: its batch step target, priced
+    with the replica's own step model (the fit the controller sends); None leaves the engine stock,
+    as a policy that writes no control document does."""
+    if decision.batch_step_target_ms is None:
+        return None
+    return BatchStepTarget(decision.batch_step_target_ms / 1000, model, paused=decision.pause)

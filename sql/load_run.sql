@@ -26,5 +26,8 @@ LEFT JOIN (
 DELETE FROM engine_itl WHERE run_id = $run_id;
 INSERT INTO engine_itl BY NAME SELECT * FROM incoming_engine_itl;
 
+DELETE FROM engine_steps WHERE run_id = $run_id;
+INSERT INTO engine_steps BY NAME SELECT * FROM incoming_engine_steps;
+
 DELETE FROM decisions WHERE run_id = $run_id;
 INSERT INTO decisions BY NAME SELECT * FROM incoming_decisions;

@@ -98,8 +98,28 @@ CREATE TABLE IF NOT EXISTS decisions (
     reason VARCHAR,
     prefill_budget_tokens BIGINT
 );
--- Warehouses made before decisions carried the prefill budget gain the column (null for old runs).
+-- Warehouses made before decisions carried these gain the columns (null for old runs).
 ALTER TABLE decisions ADD COLUMN IF NOT EXISTS prefill_budget_tokens BIGINT;
+ALTER TABLE decisions ADD COLUMN IF NOT EXISTS batch_step_target_ms DOUBLE;
+ALTER TABLE decisions ADD COLUMN IF NOT EXISTS kv_room_tokens BIGINT;
+
+-- The engine plug-in's status between two reads (serving/plugin_sensor.py): engine steps, their
+-- mean measured time and its ratio to the latency model's prediction, batch prefill tokens per
+-- step that carried batch, and chat's own ITL p99 (chat gaps only) over that span.
+CREATE TABLE IF NOT EXISTS engine_steps (
+    run_id VARCHAR NOT NULL,
+    t DOUBLE NOT NULL,
+    replica VARCHAR NOT NULL,
+    state VARCHAR,                  -- inert, active, paused, expired or lost
+    control_seq BIGINT,
+    batch_step_target_ms DOUBLE,
+    steps BIGINT NOT NULL,
+    mean_step_ms DOUBLE,
+    step_time_ratio DOUBLE,
+    batch_prefill_tokens BIGINT,
+    batch_tokens_per_step DOUBLE,
+    chat_itl_p99_s DOUBLE
+);
 
 -- Rollups: latency percentiles per SLO window and per class, computed once per load so that the
 -- views answer in milliseconds however many nights the warehouse holds. Percentiles in ms.

@@ -82,6 +82,25 @@ DECISIONS = pa.schema(
         ("predicted_step_ms", pa.float64()),
         ("reason", pa.string()),
         ("prefill_budget_tokens", pa.int64()),
+        ("batch_step_target_ms", pa.float64()),
+        ("kv_room_tokens", pa.int64()),
+    ]
+)
+
+ENGINE_STEPS = pa.schema(
+    [
+        ("run_id", pa.string()),
+        ("t", pa.float64()),
+        ("replica", pa.string()),
+        ("state", pa.string()),
+        ("control_seq", pa.int64()),
+        ("batch_step_target_ms", pa.float64()),
+        ("steps", pa.int64()),
+        ("mean_step_ms", pa.float64()),
+        ("step_time_ratio", pa.float64()),
+        ("batch_prefill_tokens", pa.int64()),
+        ("batch_tokens_per_step", pa.float64()),
+        ("chat_itl_p99_s", pa.float64()),
     ]
 )
 
@@ -105,6 +124,7 @@ RUN_TABLES: dict[str, pa.Schema] = {
     "token_gaps": TOKEN_GAPS,
     "decisions": DECISIONS,
     "engine_itl": ENGINE_ITL,
+    "engine_steps": ENGINE_STEPS,
 }
 
 # Columns every row must carry; any other column a producer leaves out is stored as null.
@@ -115,4 +135,5 @@ REQUIRED: dict[str, frozenset[str]] = {
     "token_gaps": frozenset({"run_id", "request_id", "idx", "gap_s", "t"}),
     "decisions": frozenset({"run_id", "t", "replica", "batch_seats", "chunk_tokens"}),
     "engine_itl": frozenset({"run_id", "replica", "t0", "t1", "le_low", "le", "count"}),
+    "engine_steps": frozenset({"run_id", "t", "replica", "steps"}),
 }

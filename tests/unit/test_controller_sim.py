@@ -1,8 +1,9 @@
-"""The SLO controller in the simulator loop at 70B FP8 / 2×H100 scale (issue 4, item 5).
+"""The SLO controller in the simulator loop at 70B FP8 / 2×H100 scale, driving the engine plug-in.
 
-Chat ITL p99 must stay within the SLO in at least 99% of 1-minute windows while batch makes
-progress, under Poisson chat sessions and under a replayed trace whose rate swings 3.3×. Runs are
-a dozen simulated minutes, seeded, priced by the roofline model of the engine profile.
+Whole 80k-token documents; chat ITL p99 must stay within the SLO in at least 99% of 1-minute
+windows while batch makes progress, under Poisson chat sessions and under a replayed trace whose
+rate swings 3.3×. Runs are a dozen simulated minutes, seeded, priced by the roofline model of the
+engine profile.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import pytest
 from bench.varying_trace import TraceShape, generate, write_csv
 from flows.cli_simulate import engine_params, load_profile, sim_config, step_model
 from scheduler.admission import NoAdmissionControl
-from scheduler.controller import ControllerConfig, SLOController, engine_step_tokens
+from scheduler.budget_controller import BudgetController
 from simulator.run import simulate
 from simulator.workloads import load_trace
 
@@ -31,19 +32,14 @@ def run(chat: dict, policy: str = "slo", trace=None, minutes: float = MINUTES, s
         profile,
         engine=engine_params(profile),
         chat=chat,
-        batch={"docs": 60, "doc_tokens": 80_000, "start_s": 60.0},
+        batch={"docs": 60, "doc_tokens": 80_000, "start_s": 60.0, "mode": "whole"},
         control={"interval_s": 2.0, "observe_window_s": 20.0},
         slo={"chat_itl_p99_ms": ITL_SLO_MS, "chat_ttft_p99_ms": 1000.0},
         duration_s=minutes * 60,
         seed=seed,
     )
     if policy == "slo":
-        config = ControllerConfig(
-            engine_step_tokens=engine_step_tokens(profile.vllm),
-            min_chunk_tokens=1024,
-            cold_start_chunk_tokens=1024,
-        )
-        chosen = SLOController(cfg.slo, model, config)
+        chosen = BudgetController(cfg.slo, model, engine_slots=cfg.engine.max_num_seqs)
     else:
         chosen = NoAdmissionControl()
     return simulate(cfg, model, lambda _replica: chosen, trace)
@@ -79,8 +75,8 @@ def test_controller_holds_chat_itl_under_poisson_chat_while_batch_progresses(see
     assert itl_windows_met(result) >= 0.99
     docs, tokens_per_s = batch_progress(result)
     assert docs >= 3 and tokens_per_s > 500
-    reasons = {d["reason"] for d in result.sim.recorder.decisions}
-    assert reasons & {"ttft-guard", "over-budget", "ttft-violation", "itl-violation"}  # it steered
+    targets = {d["batch_step_target_ms"] for d in result.sim.recorder.decisions}
+    assert len(targets) > 3, "it steered the step target"
 
 
 def test_controller_holds_chat_itl_under_trace_replay_while_batch_progresses(trace_csv):

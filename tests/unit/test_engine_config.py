@@ -102,12 +102,12 @@ def test_env_values_become_strings(tmp_path: Path) -> None:
 
 
 def test_controller_tuning_is_validated_with_its_key_named(tmp_path: Path) -> None:
-    config = load_engine_config(write(tmp_path, minimal() | {"controller": {"headroom": 0.5}}))
-    assert config.controller is not None and config.controller.headroom == 0.5
-    with pytest.raises(EngineConfigError, match=r"controller\.hedroom: unknown key"):
-        load_engine_config(write(tmp_path, minimal() | {"controller": {"hedroom": 0.5}}))
-    with pytest.raises(EngineConfigError, match=r"controller\.headroom"):
-        load_engine_config(write(tmp_path, minimal() | {"controller": {"headroom": 2}}))
+    config = load_engine_config(write(tmp_path, minimal() | {"controller": {"cut_factor": 0.5}}))
+    assert config.controller is not None and config.controller.cut_factor == 0.5
+    with pytest.raises(EngineConfigError, match=r"controller\.cut_facter: unknown key"):
+        load_engine_config(write(tmp_path, minimal() | {"controller": {"cut_facter": 0.5}}))
+    with pytest.raises(EngineConfigError, match=r"controller\.cut_factor"):
+        load_engine_config(write(tmp_path, minimal() | {"controller": {"cut_factor": 2}}))
 
 
 def test_sequence_slots_read_max_num_seqs_or_stand_in(tmp_path: Path) -> None:

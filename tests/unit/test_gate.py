@@ -20,10 +20,12 @@ from pipelines.gate import (
     gate_name,
     start_gate,
 )
+from scheduler import control_document
 from scheduler.admission import Decision, Observation
-from scheduler.controller import ControllerConfig
+from scheduler.budget_controller import BudgetControllerConfig
 from scheduler.latency_model import LatencyModel
 from scheduler.slo import SLO
+from serving.engine_control import ControlTarget
 from serving.sensors import StreamedTimingsSensor
 
 MODEL = LatencyModel(
@@ -34,7 +36,7 @@ MODEL = LatencyModel(
     overhead_s=0.001,
 )
 QUIET = 600.0  # background polls never come during a test; poll_now drives the loop
-PATIENT = ControllerConfig(stale_after_s=2 * QUIET)  # so no replica goes stale between polls
+PATIENT = BudgetControllerConfig(stale_after_s=2 * QUIET)  # so no replica goes stale between polls
 REPLICAS = [("r0", "http://r0:8000"), ("r1", "http://r1:8000")]
 
 
@@ -148,80 +150,76 @@ def test_pause_blocks_acquire_until_caps_reopen(gates):
     assert ray.get(gate.caps.remote())["r0"]["pause"]
     ray.get(gate.poll_now.remote())
     permit = ray.get(pending, timeout=5.0)
-    assert (
-        permit.replica == "r0" and permit.chunk_tokens == ControllerConfig().cold_start_chunk_tokens
-    )
+    assert permit.replica == "r0"
     reasons = [row["reason"] for row in ray.get(gate.decision_rows.remote())]
-    assert reasons == ["stale-pause", "cold-start"]
+    assert reasons == ["stale", "cold-start"]
 
 
-def test_a_cut_stops_new_grants_but_never_revokes_permits(gates):
+def test_a_pause_stops_new_grants_but_never_revokes_permits(gates):
     script = [
         {"r0": {"chat_itl_p99_s": 0.01, "kv_usage": 0.2}},
-        {"r0": {"chat_itl_p99_s": 0.2, "kv_usage": 0.2}},  # ITL violation
+        {"r0": {"fresh": False}},  # the sensor lost the replica
+        {"r0": {"chat_itl_p99_s": 0.01, "kv_usage": 0.2}},
     ]
-    cfg = PATIENT.model_copy(update={"cold_start_seats": 4})
-    gate = gates("cut", script, replicas=REPLICAS[:1], latency_model=MODEL, controller=cfg)
-    held = []
-    for i in range(4):  # one prefill at a time: each is reported done before the next starts
-        held.append(ray.get(gate.acquire.remote(f"d{i}", 400), timeout=5.0))
-        ray.get(gate.progress.remote(held[-1].permit_id, 400))
+    gate = gates("pause-held", script, replicas=REPLICAS[:1], latency_model=MODEL)
+    held = [ray.get(gate.acquire.remote(f"d{i}", 400), timeout=5.0) for i in range(3)]
     caps = ray.get(gate.poll_now.remote())
-    assert caps["r0"]["batch_seats"] == 2 and caps["r0"]["reason"] == "itl-violation"
-    assert caps["r0"]["in_flight"] == 4  # nothing taken back
-    pending = gate.acquire.remote("d4", 400)
-    for p in held[:2]:
-        ray.get(gate.release.remote(p.permit_id))
-        assert not ready([pending], timeout=0.5)  # still 3, then 2 in flight for 2 seats
-    ray.get(gate.release.remote(held[2].permit_id))
+    assert caps["r0"]["pause"] and caps["r0"]["in_flight"] == 3  # nothing taken back
+    pending = gate.acquire.remote("d3", 400)
+    assert not ready([pending], timeout=0.5)
+    ray.get(gate.release.remote(held[0].permit_id))
+    assert not ready([pending], timeout=0.5), "a free seat does not lift a pause"
+    ray.get(gate.poll_now.remote())
     assert ray.get(pending, timeout=5.0).replica == "r0"
 
 
-def test_batch_prefill_in_flight_stays_within_one_chunk(gates):
-    script = [{"r0": {"chat_itl_p99_s": 0.01, "kv_usage": 0.2}}]
-    cfg = PATIENT.model_copy(update={"cold_start_seats": 4})
-    gate = gates("prefill", script, replicas=REPLICAS[:1], latency_model=MODEL, controller=cfg)
-    chunk = ray.get(gate.caps.remote())["r0"]["chunk_tokens"]
-    first = ray.get(gate.acquire.remote("d0", chunk // 2), timeout=5.0)
-    beside = ray.get(gate.acquire.remote("d1", chunk // 2), timeout=5.0)  # both fit one chunk
-    third = gate.acquire.remote("d2", chunk // 2)
-    assert not ready([third], timeout=0.5)  # a seat is free, but the engine would pack a step
-    ray.get(gate.progress.remote(first.permit_id, chunk // 2))  # its first token arrived
-    assert ray.get(third, timeout=5.0).replica == "r0"
-    # the prompt sent was shorter than the estimate acquire had: all of it is prefilled now
-    ray.get(gate.progress.remote(beside.permit_id, chunk // 3, chunk // 3))
-    lone = gate.acquire.remote("d3", 4 * chunk)  # longer than a chunk: waits for no prefill
-    assert not ready([lone], timeout=0.5)
-    ray.get(gate.release.remote(ray.get(third).permit_id))
-    assert ray.get(lone, timeout=5.0).replica == "r0"
+def test_the_kv_room_is_checked_at_every_grant(gates):
+    # 100k tokens of KV at 50% use under a 0.9 high-water mark: 40k tokens of room
+    state = {"chat_itl_p99_s": 0.01, "kv_usage": 0.5, "kv_capacity_tokens": 100_000}
+    gate = gates("kv", [{"r0": state}], replicas=REPLICAS[:1], latency_model=MODEL)
+    first = ray.get(gate.acquire.remote("d0", 29_000, 1_000), timeout=5.0)
+    second = gate.acquire.remote("d1", 19_000, 1_000)
+    assert not ready([second], timeout=0.5), "prompt and output must fit, not the prompt alone"
+    small = ray.get(gate.acquire.remote("d2", 9_000, 500), timeout=5.0)
+    assert ray.get(gate.caps.remote())["r0"]["kv_room_tokens"] == 40_000
+    ray.get(gate.release.remote(first.permit_id))
+    ray.get(gate.release.remote(small.permit_id))
+    ray.get(gate.poll_now.remote())  # the engine's KV is read again before it is counted free
+    assert ray.get(second, timeout=5.0).replica == "r0"
 
 
-def test_the_prefill_budget_is_checked_at_every_grant_not_once_per_decision(gates):
-    script = [{"r0": {"chat_itl_p99_s": 0.01, "chat_ttft_p99_s": 0.05, "kv_usage": 0.2}}]
-    # no memory of the cold start's caution: the second decision sees slack chat TTFT
-    cfg = PATIENT.model_copy(update={"cold_start_seats": 8, "ttft_memory_s": 0.0})
-    flags = {"max-num-batched-tokens": 256, "enable-chunked-prefill": True}
-    gate = gates(
-        "budget",
-        script,
-        replicas=REPLICAS[:1],
-        latency_model=MODEL,
-        controller=cfg,
-        engine_flags=flags,
-        slo=SLO(chat_itl_p99_ms=50, chat_ttft_p99_ms=400),
-    )
-    ray.get(gate.caps.remote())  # the cold start
-    time.sleep(0.01)
+def test_control_documents_reach_the_replicas_folder_and_pause_when_it_goes_stale(gates, tmp_path):
+    script = [{"r0": {"chat_itl_p99_s": 0.01, "kv_usage": 0.2}}, {"r0": {"fresh": False}}]
+    target = ControlTarget("r0", folder=tmp_path)
+    gate = gates("control", script, replicas=REPLICAS[:1], latency_model=MODEL,
+                 control_targets={"r0": target})  # fmt: skip
+    ray.get(gate.caps.remote())
+    first = control_document.parse((tmp_path / "control.json").read_text())
+    assert first.batch_step_target_ms == pytest.approx(25.0) and not first.pause
+    assert first.latency_model.coefficients() == MODEL.coefficients()
+    assert first.expires_at - time.time() >= 10.0
+    ray.get(gate.poll_now.remote())
+    second = control_document.parse((tmp_path / "control.json").read_text())
+    assert second.pause and second.seq > first.seq
+
+
+def test_static_and_uncontrolled_runs_leave_the_engine_stock(gates, tmp_path):
+    target = ControlTarget("r0", folder=tmp_path)
+    gate = gates("stock", [{"r0": {"kv_usage": 0.2}}], replicas=REPLICAS[:1], policy="static",
+                 control_targets={"r0": target})  # fmt: skip
+    ray.get(gate.poll_now.remote())
+    assert not (tmp_path / "control.json").exists()
+
+
+def test_the_budget_policy_sends_its_fixed_target(gates, tmp_path):
+    target = ControlTarget("r0", folder=tmp_path)
+    gate = gates("fixed", [{"r0": {"kv_usage": 0.2}}], replicas=REPLICAS[:1], policy="budget",
+                 budget=(2, 33.0), latency_model=MODEL, control_targets={"r0": target})  # fmt: skip
     caps = ray.get(gate.poll_now.remote())["r0"]
-    chunk, budget = caps["chunk_tokens"], caps["prefill_budget_tokens"]
-    fit = budget // chunk
-    assert 1 <= fit < 8 and not caps["pause"]  # the TTFT allowance binds before the seats do
-    held = [ray.get(gate.acquire.remote(f"d{i}", chunk), timeout=5.0) for i in range(fit)]
-    waiting = gate.acquire.remote("d-next", chunk)
-    assert not ready([waiting], timeout=0.5)  # seats are free, but chat would queue behind it
-    ray.get(gate.progress.remote(held[0].permit_id, chunk))  # its prefill drained
-    assert ray.get(waiting, timeout=5.0).replica == "r0"  # granted with no new decision
-    assert ray.get(gate.stats.remote())["polls"] == 2
+    assert caps["batch_seats"] == 2 and caps["batch_step_target_ms"] == 33.0
+    assert (
+        control_document.parse((tmp_path / "control.json").read_text()).batch_step_target_ms == 33.0
+    )
 
 
 def test_released_and_reported_timings_reach_the_controller(gates):
@@ -236,7 +234,7 @@ def test_released_and_reported_timings_reach_the_controller(gates):
     assert not ray.get(gate.release.remote(permit.permit_id))  # a second release is a no-op
     ray.get(gate.poll_now.remote())
     last = ray.get(gate.decision_rows.remote())[-1]
-    assert last["reason"] == "itl-violation"
+    assert last["reason"] == "cut"
     assert last["observed_itl_p99_s"] == pytest.approx(0.1)
 
 
@@ -249,18 +247,19 @@ def test_decisions_are_recorded_and_exported_on_the_metrics_port(gates):
     assert set(rows[0]) == {
         "run_id", "t", "replica", "batch_seats", "chunk_tokens", "pause", "observed_itl_p99_s",
         "observed_ttft_p99_s", "observed_kv_usage", "predicted_step_ms", "reason",
-        "prefill_budget_tokens",
+        "prefill_budget_tokens", "batch_step_target_ms", "kv_room_tokens",
     }  # fmt: skip
     r0 = [r for r in rows if r["replica"] == "r0"][-1]
     assert r0["observed_itl_p99_s"] == 0.012 and r0["observed_kv_usage"] == 0.3
     assert r0["predicted_step_ms"] > 0 and r0["run_id"] == "metrics"
     port = ray.get(gate.stats.remote())["metrics_port"]
     text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5.0).text
-    assert 'nightshift_batch_seats{replica="r0"} 1.0' in text
-    assert 'nightshift_chunk_tokens{replica="r0"}' in text
-    assert 'nightshift_prefill_budget_tokens{replica="r0"} NaN' in text  # no engine step: unbounded
+    assert 'nightshift_batch_seats{replica="r0"} 64.0' in text
+    assert 'nightshift_batch_step_target_seconds{replica="r0"} 0.025' in text
+    assert 'nightshift_kv_room_tokens{replica="r0"} NaN' in text  # no KV capacity: unbounded
     assert 'nightshift_chat_itl_p99_seconds{replica="r0"} 0.012' in text
-    assert 'nightshift_decisions_total{reason="stale-pause"} 1.0' in text
+    assert 'nightshift_decisions_total{reason="stale"} 1.0' in text
+    assert "nightshift_controller_last_decision_timestamp_seconds" in text
 
 
 def test_one_gate_per_run_is_found_by_name(gates):
@@ -355,16 +354,16 @@ async def test_default_sensor_reads_vllm_metrics_into_decisions():
         server.shutdown()
         server.server_close()
     rows = await gate.decision_rows()
-    assert [r["reason"] for r in rows] == ["cold-start", "itl-violation", "kv-guard"]
+    assert [r["reason"] for r in rows] == ["cold-start", "cut", "grow"]
     assert 0.1 < rows[1]["observed_itl_p99_s"] <= 0.15 and rows[1]["observed_kv_usage"] == 0.3
-    assert caps["r0"]["chunk_tokens"] < PATIENT.cold_start_chunk_tokens
-    assert late["r0"]["pause"]
+    assert caps["r0"]["batch_step_target_ms"] < rows[0]["batch_step_target_ms"]
+    assert late["r0"]["kv_room_tokens"] == 0, "KV past the high-water mark: no room for batch"
 
 
 def test_bad_gate_arguments_fail_in_the_caller():
     with pytest.raises(ValueError, match="latency_model"):
         start_gate("bad", REPLICAS, policy="slo")
-    with pytest.raises(ValueError, match="'slo', 'static', 'none'"):
+    with pytest.raises(ValueError, match="none, static, budget, slo"):
         build_policy("fastest", SLO())
     with pytest.raises(ValueError, match="'vllm', 'prometheus' or 'streamed'"):
         build_sensor({"kind": "carrier-pigeon"}, dict(REPLICAS), StreamedTimingsSensor())

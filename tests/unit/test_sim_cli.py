@@ -72,7 +72,7 @@ def test_overrides_parse_booleans_numbers_and_words(item, parsed):
         (["--override", "max_num_seqs=4"], "dash form"),
         (["--override", "no-equals-sign"], "KEY=VALUE"),
         (["--chat-rate", "-1"], "--chat-rate"),
-        (["--controller", "smart"], "none, static, slo"),
+        (["--controller", "smart"], "none, static, budget, slo"),
         (["--batch-mode", "halves"], "--batch-mode"),
         (["--set", "chat.outputtokens=5"], "unknown setting"),
         (["--latency-model", "/nonexistent/fit.json"], "not a latency model file"),

@@ -22,7 +22,7 @@ def run(overrides: list[str], chat: dict, batch_docs: int = 0, duration: float =
         profile,
         engine=engine_params(profile),
         chat=chat,
-        batch={"docs": batch_docs, "doc_tokens": 80_000},
+        batch={"docs": batch_docs, "doc_tokens": 80_000, "mode": "whole"},
         duration_s=duration,
         seed=seed,
     )

@@ -78,7 +78,7 @@ def test_slo_windows_agree_with_the_warehouse_views(tmp_path):
             "duration_s": 300.0,
             "engine": {"kv_capacity_tokens": 120_000, "max_num_batched_tokens": 1024},
             "chat": {"rate": 3.0, "system_prompt_tokens": 2000, "context_tokens": 500},
-            "batch": {"docs": 6, "doc_tokens": 30_000, "summary_tokens": 64},
+            "batch": {"docs": 6, "doc_tokens": 30_000, "summary_tokens": 64, "mode": "whole"},
             "slo": {"chat_itl_p99_ms": 60.0, "chat_ttft_p99_ms": 500.0, "window_s": 30.0},
         }
     )

@@ -1,0 +1,128 @@
+"""Chat's own latency and the engine's step figures, from each replica's plug-in status document.
+
+vLLM's latency histograms count batch tokens and batch prompts with chat's, and a chat waiting
+behind a batch prefill produces no token at all; the engine plug-in keeps chat's own gaps and time
+to first token apart (`serving/engine_site/engine_status.py`), so this sensor is how the controller
+judges chat by chat's numbers. It also reports the measured/predicted step-time ratio the
+controller corrects its model with, and keeps one `engine_steps` row per status document read.
+
+Status documents are cumulative; a window is the difference between the newest and the newest at
+least `window_s` older (or the oldest kept). A replica whose plug-in has written nothing (no
+plug-in, or no step yet) is left out, so a merged sensor falls back to other latency sources.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import deque
+from collections.abc import Callable, Mapping
+
+from scheduler.admission import Observation
+from serving.engine_control import ControlTarget, read_status
+from serving.metrics import Histogram, histogram_delta, histogram_quantile
+
+
+def status_histogram(doc: dict, key: str) -> Histogram:
+    h = doc[key]
+    return Histogram((*h["bounds"], float("inf")), tuple(h["cumulative"]), h["count"], h["sum"])
+
+
+def window_figures(newer: dict, older: dict) -> dict:
+    """Chat p99s and engine step figures between two status documents of one engine."""
+    a, b = newer["totals"], older["totals"]
+    steps = a["steps"] - b["steps"]
+    predicted = a["predicted_s"] - b["predicted_s"]
+    measured = a["measured_when_predicted_s"] - b["measured_when_predicted_s"]
+    itl = histogram_delta(status_histogram(newer, "chat_itl_seconds"),
+                          status_histogram(older, "chat_itl_seconds"))  # fmt: skip
+    ttft = histogram_delta(status_histogram(newer, "chat_ttft_seconds"),
+                           status_histogram(older, "chat_ttft_seconds"))  # fmt: skip
+    batch_prefill = a["batch_prefill_tokens"] - b["batch_prefill_tokens"]
+    batch_steps = a["batch_prefill_steps"] - b["batch_prefill_steps"]
+    return {
+        "steps": steps,
+        "chat_itl_p99_s": histogram_quantile(itl, 0.99),
+        "chat_ttft_p99_s": histogram_quantile(ttft, 0.99),
+        "step_time_ratio": measured / predicted if predicted > 0 else None,
+        "mean_step_s": (a["measured_s"] - b["measured_s"]) / steps if steps else None,
+        "batch_prefill_tokens": batch_prefill,
+        "batch_tokens_per_step": batch_prefill / batch_steps if batch_steps else 0.0,
+    }
+
+
+class PluginStatusSensor:
+    """Reads every replica's status document (folder or route) each time it is asked."""
+
+    def __init__(
+        self,
+        targets: Mapping[str, ControlTarget],
+        window_s: float | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.targets = dict(targets)
+        self.window_s = window_s
+        self.clock = clock
+        self._history: dict[str, deque[dict]] = {name: deque() for name in self.targets}
+        self.step_rows: list[dict] = []
+        """One row per new status document: the run's `engine_steps` table."""
+
+    async def observe(self) -> dict[str, Observation]:
+        names = list(self.targets)
+        docs = await asyncio.gather(
+            *(asyncio.to_thread(read_status, self.targets[n]) for n in names)
+        )
+        t = self.clock()
+        out = {}
+        for name, doc in zip(names, docs, strict=True):
+            obs = self._observation(name, doc, t)
+            if obs is not None:
+                out[name] = obs
+        return out
+
+    def _observation(self, name: str, doc: dict | None, t: float) -> Observation | None:
+        history = self._history[name]
+        if doc is None:
+            return None
+        if not history or doc["written_at"] > history[-1]["written_at"]:
+            if history:
+                self._row(name, doc, history[-1])
+            history.append(doc)
+        start = self._start(history)
+        if start is None:
+            return None
+        f = window_figures(history[-1], start)
+        return Observation(
+            t=t,
+            replica=name,
+            chat_itl_p99_s=f["chat_itl_p99_s"],
+            chat_ttft_p99_s=f["chat_ttft_p99_s"],
+            step_time_ratio=f["step_time_ratio"],
+            window_s=t - start["written_at"],
+        )
+
+    def _start(self, history: deque[dict]) -> dict | None:
+        if len(history) < 2:
+            return None
+        if self.window_s is None:
+            return history[-2]
+        newest = history[-1]["written_at"]
+        while len(history) > 2 and newest - history[1]["written_at"] >= self.window_s:
+            history.popleft()
+        return history[0]
+
+    def _row(self, name: str, doc: dict, before: dict) -> None:
+        f = window_figures(doc, before)
+        self.step_rows.append({
+            "t": doc["written_at"],
+            "replica": name,
+            "state": doc.get("state"),
+            "control_seq": doc.get("control_seq"),
+            "batch_step_target_ms": doc.get("batch_step_target_ms"),
+            "steps": f["steps"],
+            "mean_step_ms": None if f["mean_step_s"] is None else 1000 * f["mean_step_s"],
+            "step_time_ratio": f["step_time_ratio"],
+            "batch_prefill_tokens": f["batch_prefill_tokens"],
+            "batch_tokens_per_step": f["batch_tokens_per_step"],
+            "chat_itl_p99_s": f["chat_itl_p99_s"],
+        })  # fmt: skip
