@@ -30,8 +30,10 @@ class SweepConfig:
     """Decode steps a decode shape times (the difference between its long and short runs)."""
     chunk_decode_seqs: tuple[int, ...] = (0, 4)
     """Decoding streams beside each measured chunk (0: the chunk alone in its step)."""
-    chunk_prefixes: tuple[int, ...] = (0, 2048, 8192, 16384, 24576)
-    """Prefix positions p the chunks start at (capped by max-model-len)."""
+    chunk_prefixes: tuple[int, ...] = (0, 2048, 8192, 16384, 24576, 49152, 79872)
+    """Prefix positions p the chunks start at (capped by max-model-len, so a 32k replica measures
+    its deepest once): as deep as an 80k-token document reaches, where a fit would otherwise
+    extrapolate the per-position costs far past its samples."""
     chunk_sizes: tuple[int, ...] = (64, 256, 512)
     """Chunk sizes C (capped by what one step can take beside the decodes)."""
     repeats: int = 3
