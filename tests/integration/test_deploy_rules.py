@@ -300,8 +300,11 @@ def exporters() -> Iterator[dict[str, list[str]]]:
     now = time.time()
     gate = GateMetrics()
     for i, name in enumerate(REPLICAS):
-        obs = Observation(t=now, replica=name, chat_itl_p99_s=0.3, chat_ttft_p99_s=3.0)
-        gate.record(obs, Decision(batch_seats=2 + i, chunk_tokens=512, reason="grow"), 1)
+        # decided ten minutes ago and not since: the controller is stale
+        obs = Observation(t=now - 600, replica=name, chat_itl_p99_s=0.3, chat_ttft_p99_s=3.0)
+        decision = Decision(2 + i, 512, reason="grow", batch_step_target_ms=50.0)
+        gate.record(obs, decision, 1)
+        gate.record_steps({"replica": name, "batch_tokens_per_step": 256.0})
 
     run = RunMetrics("deploy-rules-test")
     run.remaining.set(10)
@@ -326,20 +329,12 @@ def exporters() -> Iterator[dict[str, list[str]]]:
     for name, value in (
         ("nightshift_slo_chat_itl_p99_seconds", ITL_SLO_S),
         ("nightshift_slo_chat_ttft_p99_seconds", TTFT_SLO_S),
-        ("nightshift_controller_last_decision_timestamp_seconds", now - 600),
         ("nightshift_night_running", 1),
         ("nightshift_night_deadline_timestamp_seconds", now - 60),
         ("nightshift_last_success_timestamp_seconds", now - 86400),
         ("nightshift_night_failed", 1),
     ):
         Gauge(name, name, registry=night).set(value)
-    for name, value in (
-        ("nightshift_batch_step_target_seconds", 0.05),
-        ("nightshift_batch_tokens_per_step", 256),
-    ):
-        gauge = Gauge(name, name, ["replica"], registry=night)
-        for replica in REPLICAS:
-            gauge.labels(replica).set(value)
 
     vllm = CollectorRegistry()
     Gauge("vllm:kv_cache_usage_perc", "KV", ["model_name"], registry=vllm).labels(MODEL).set(0.7)
