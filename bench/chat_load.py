@@ -1,4 +1,4 @@
-"""Production-shaped chat load against running replicas: one awaitable, records per DESIGN §4.
+"""Production-shaped chat load against running replicas: one awaitable, records per docs/design.md §4.5.
 
 `run_chat_load` plays a plan from `bench.chat_sessions` in real time: each turn waits for its planned
 arrival and for its session's previous answer (a user cannot ask the next question before reading

@@ -102,7 +102,7 @@ def run_job(job: Job) -> dict:
         "itl_p99_ms": s["chat"]["itl_ms"]["p99"],
         "ttft_p99_ms": s["chat"]["ttft_ms"]["p99"],
         "batch_tokens_per_s": s["batch"]["tokens_per_s"],
-        "goodput_tokens_per_s": s["batch"]["goodput_tokens_per_s"],
+        "slo_batch_tokens_per_s": s["batch"]["slo_batch_tokens_per_s"],
         "docs_done": s["batch"]["docs_done"],
         "wall_s": s["wall_seconds"],
         "missed": missed_windows(result) if job.policy == "slo" else [],
@@ -175,7 +175,7 @@ def pool(runs: list[dict]) -> dict[tuple[str, str], dict]:
     return out
 
 
-_MEANS = ("itl_p99_ms", "ttft_p99_ms", "batch_tokens_per_s", "goodput_tokens_per_s", "docs_done")
+_MEANS = ("itl_p99_ms", "ttft_p99_ms", "batch_tokens_per_s", "slo_batch_tokens_per_s", "docs_done")
 
 
 def best_static(pooled: dict, scenario: str) -> dict | None:
@@ -244,7 +244,7 @@ def print_report(pooled: dict, result: dict, args: argparse.Namespace) -> None:
         print(
             f"{v['scenario']:8} {v['policy']:14} {100 * v['slo_windows_met']:7.1f}% "
             f"{v['itl_p99_ms']:6.1f}ms {v['ttft_p99_ms']:7.0f}ms {v['batch_tokens_per_s']:12,.0f} "
-            f"{v['goodput_tokens_per_s']:8,.0f} {v['docs_done']:5.1f}"
+            f"{v['slo_batch_tokens_per_s']:8,.0f} {v['docs_done']:5.1f}"
         )
     _print_targets(result)
 

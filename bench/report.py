@@ -19,7 +19,7 @@ COLUMNS = (
     ("SLO windows met", ("chat", "slo_windows_met")),
     ("chat errors", ("chat", "errors")),
     ("batch tok/s", ("batch", "tokens_per_s")),
-    ("goodput tok/s", ("batch", "goodput_tokens_per_s")),
+    ("goodput tok/s", ("batch", "slo_batch_tokens_per_s")),
     ("docs done", ("batch", "docs_done")),
 )
 
@@ -94,7 +94,7 @@ def plot(out: dict, path: Path) -> Path:
     a.legend()
     b.bar(
         names,
-        [_get(out["scenarios"][n], ("batch", "goodput_tokens_per_s")) or 0 for n in names],
+        [_get(out["scenarios"][n], ("batch", "slo_batch_tokens_per_s")) or 0 for n in names],
         color="#55a868",
         label="goodput",
     )

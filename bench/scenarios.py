@@ -4,10 +4,13 @@ Scenarios run back to back in one invocation, because this machine (and any shar
 noisy for numbers taken at different times to be compared:
 
 - `chat-only`: the chat load alone; its latency sets the baseline (and, unless given, the SLO).
-- `uncontrolled`: batch documents at full concurrency, whole, no admission control.
-- `static`: a small sweep of fixed caps (seats × section tokens); the best that holds the SLO,
-  chosen in hindsight, is reported as `static`.
-- `controlled`: the Gate running the SLO controller.
+- `uncontrolled`: stock engine scheduling, batch documents at full concurrency (policy `none`).
+- `static-engine`: stock engine scheduling, fixed seats and map-reduce sections of a fixed size,
+  what an operator can do without the plug-in (policy `static`): a small sweep, the best that
+  holds the SLO chosen in hindsight.
+- `static-budget`: the engine plug-in at a fixed batch step target and fixed seats (policy
+  `budget`): a sweep, the best in hindsight.
+- `controlled`: the Gate's SLO controller steering the plug-in (policy `slo`).
 
 Each scenario is a run of its own under `results/runs/`, with chat and batch records side by side,
 so the warehouse and the report can compare them. Chat ITL is judged from the engine's own
@@ -43,7 +46,7 @@ from scheduler.records import RequestRecord
 from scheduler.slo import SLO
 from serving.engine_itl import EngineItlRecorder, EngineItlSeries
 
-SCENARIOS = ("chat-only", "uncontrolled", "static", "controlled")
+SCENARIOS = ("chat-only", "uncontrolled", "static-engine", "static-budget", "controlled")
 
 
 @dataclass
@@ -70,6 +73,9 @@ class BenchConfig:
     chat load a 1 s span holds a few dozen gaps, so its p99 is one slow step and the controller
     cuts on noise; 3 s gives five decisions per 15 s SLO window on steadier readings."""
     static_sweep: tuple[tuple[int, int], ...] = ((1, 512), (2, 1024), (4, 2048))
+    """Seats × section tokens of the static-engine sweep."""
+    budget_sweep: tuple[tuple[int, float], ...] = ((4, 0.4), (8, 0.6), (16, 0.8))
+    """Seats × batch step target (a share of the ITL SLO) of the static-budget sweep."""
     pipeline: PipelineConfig = field(default_factory=PipelineConfig)
     results: str = "results"
     bench_id: str = field(default_factory=lambda: time.strftime("bench-%Y%m%d-%H%M%S"))
@@ -103,24 +109,43 @@ def run_scenarios(cfg: BenchConfig, replicas: list[tuple[str, str]], model: str,
         slo = slo.model_copy(update={"chat_ttft_p99_ms": cfg.fixed_ttft_slo_ms})
     if "chat-only" in cfg.scenarios:
         runs["chat-only"] = baseline
-    sweep: dict[str, ScenarioRun] = {}
+    sweeps: dict[str, dict[str, ScenarioRun]] = {}
     for name in cfg.scenarios:
         if name == "uncontrolled":
             runs[name] = _with_batch(cfg, name, replicas, model, tokenizer, slo, "none")
-        elif name == "static":
-            for seats, chunk in cfg.static_sweep:
-                key = f"static-{seats}x{chunk}"
-                sweep[key] = _with_batch(
-                    cfg, key, replicas, model, tokenizer, slo, "static", (seats, chunk)
+        elif name == "static-engine":
+            sweeps[name] = {
+                f"{name}-{s}x{c}": _with_batch(
+                    cfg,
+                    f"{name}-{s}x{c}",
+                    replicas,
+                    model,
+                    tokenizer,
+                    slo,
+                    "static",
+                    (s, c),
+                    pipeline=replace(cfg.pipeline, mode="map_reduce", section_tokens=c),
+                )  # fmt: skip
+                for s, c in cfg.static_sweep
+            }
+        elif name == "static-budget":
+            sweeps[name] = {}
+            for seats, share in cfg.budget_sweep:
+                ms = round(share * slo.chat_itl_p99_ms, 1)
+                key = f"{name}-{seats}x{ms:g}ms"
+                sweeps[name][key] = _with_batch(
+                    cfg, key, replicas, model, tokenizer, slo, "budget", budget=(seats, ms)
                 )
         elif name == "controlled":
             runs[name] = _with_batch(cfg, name, replicas, model, tokenizer, slo, "slo")
     scored = {name: score(run, slo) for name, run in runs.items()}
-    if sweep:
-        scored_sweep = {k: score(r, slo) for k, r in sweep.items()}
+    sweep: dict[str, ScenarioRun] = {}
+    for name, runs_of in sweeps.items():
+        scored_sweep = {k: score(r, slo) for k, r in runs_of.items()}
         best = pick_static(scored_sweep)
-        scored["static"] = {**scored_sweep[best], "caps": best, "sweep": scored_sweep}
-        runs["static"] = sweep[best]
+        scored[name] = {**scored_sweep[best], "caps": best, "sweep": scored_sweep}
+        runs[name] = runs_of[best]
+        sweep.update(runs_of)
     out = {
         "scenarios": scored,
         "slo": slo.model_dump(),
@@ -215,6 +240,8 @@ def _with_batch(
     slo: SLO,
     policy: str,
     static_caps: tuple[int, int] = (1, 512),
+    pipeline: PipelineConfig | None = None,
+    budget: tuple[int, float] = (4, 40.0),
 ) -> ScenarioRun:
     from warehouse.run_files import read_table, write_table
 
@@ -234,11 +261,12 @@ def _with_batch(
                 replicas=replicas,
                 run_id=run_id,
                 results=cfg.results,
-                pipeline=cfg.pipeline,
+                pipeline=pipeline or cfg.pipeline,
                 slo=slo,
                 policy=policy,
                 latency_model=cfg.latency_model,
                 static_caps=static_caps,
+                budget=budget,
                 interval_s=cfg.control_interval_s,
                 sensor=_gate_sensor(slo),
                 show_progress=False,

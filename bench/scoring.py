@@ -104,7 +104,7 @@ def batch_throughput(
         w = min(int((end - t0) // slo.window_s), len(verdicts) - 1)
         good += tokens if verdicts[w] else 0
     seconds = max(t1 - t0, 1e-9)
-    return {"tokens_per_s": total / seconds, "goodput_tokens_per_s": good / seconds}
+    return {"tokens_per_s": total / seconds, "slo_batch_tokens_per_s": good / seconds}
 
 
 def chat_decode_load(chat: list[RequestRecord], t0: float, t1: float) -> tuple[float, float]:

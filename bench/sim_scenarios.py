@@ -5,10 +5,14 @@ measure the hardware at hand. This runs the same scenarios on simulated replicas
 config, the 70B/2×H100 profile included, in virtual time:
 
 - `chat-only`: the chat load alone (its p99s set the SLO unless one is given).
-- `uncontrolled`: the whole backlog at once, documents whole, no admission control.
-- `static`: a sweep of fixed caps (seats × section tokens); the best that held the SLO in every
+- `uncontrolled`: stock engine scheduling, the whole backlog at once, documents whole.
+- `static-engine`: stock engine scheduling, fixed seats and map-reduce sections of a fixed size,
+  what an operator can do without the plug-in: a sweep, the best that held the SLO in every
   window, chosen in hindsight.
-- `controlled`: the SLO controller, one object for every replica, as the Gate runs it.
+- `static-budget`: the engine plug-in at a fixed batch step target and fixed seats, documents
+  whole: a sweep, the best in hindsight.
+- `controlled`: the SLO controller steering the plug-in, documents whole, one object for every
+  replica, as the Gate runs it.
 
 Every scenario shares the engine, the chat workload, the backlog and the seed; only the admission
 policy differs. Chat is the same random stream in each, though a session's next turn follows its
@@ -33,7 +37,7 @@ from bench.scoring import (
     window_verdicts,
 )
 from bench.verdicts import pick_static, slo_from_chat_only, step_chunk_cap, summary
-from scheduler.admission import AdmissionPolicy, NoAdmissionControl, StaticCaps
+from scheduler.admission import AdmissionPolicy, FixedBudget, NoAdmissionControl, StaticCaps
 from scheduler.budget_controller import BudgetController, BudgetControllerConfig
 from scheduler.records import RequestRecord, TokenGap
 from scheduler.slo import SLO
@@ -41,15 +45,18 @@ from scheduler.step import StepTimeModel
 from simulator.config import ChatWorkload, SimConfig
 from simulator.run import SimResult, simulate
 
-SCENARIOS = ("chat-only", "uncontrolled", "static", "controlled")
+SCENARIOS = ("chat-only", "uncontrolled", "static-engine", "static-budget", "controlled")
 CHAT_SIZES = ("system_prompt_tokens", "context_tokens", "user_tokens", "output_tokens")
 """Token sizes of the simulator's chat session that `--scale` multiplies."""
 POLICIES = {
     "chat-only": "chat-only",
     "uncontrolled": "none",
-    "static": "static",
+    "static-engine": "static",
+    "static-budget": "budget",
     "controlled": "slo",
 }
+SWEEPS = ("static-engine", "static-budget")
+"""Scenarios scored as the best of a sweep, in hindsight."""
 """The runs table's policy of each scenario, as the real benchmark writes it."""
 
 
@@ -99,7 +106,11 @@ class SimBench:
     window_s: float = 15.0
     """SLO window of a derived SLO."""
     static_sweep: tuple[tuple[int, int], ...] = ((1, 512), (2, 1024), (4, 2048))
-    """Seats × section tokens of the static sweep."""
+    """Seats × section tokens of the static-engine sweep."""
+    budget_sweep: tuple[tuple[int, float], ...] = tuple(
+        (s, f) for s in (2, 4, 8) for f in (0.3, 0.5, 0.7)
+    )
+    """Seats × batch step target (as a share of the ITL SLO) of the static-budget sweep."""
     controller: BudgetControllerConfig = field(default_factory=BudgetControllerConfig)
     """Tuning of the SLO controller of `controlled`."""
     results: str = "results"
@@ -146,28 +157,40 @@ def run_sim_scenarios(bench: SimBench, progress: Callable[[str], None] | None = 
     say(_line("chat-only", baseline_result.summary))
     del baseline_result
     runs: dict[str, SimScenario] = {"chat-only": baseline} if "chat-only" in bench.scenarios else {}
-    sweep: dict[str, SimScenario] = {}
+    sweeps: dict[str, dict[str, SimScenario]] = {}
     for name in bench.scenarios:
         if name == "uncontrolled":
-            runs[name] = _run(bench, name, "uncontrolled", NoAdmissionControl(), slo, say)
-        elif name == "static":
-            for seats, chunk in bench.static_sweep:
-                key = f"static-{seats}x{chunk}"
-                sweep[key] = _run(bench, key, "static", StaticCaps(seats, chunk), slo, say)
+            runs[name] = _run(bench, name, name, NoAdmissionControl(), slo, say, "whole")
+        elif name == "static-engine":
+            sweeps[name] = {
+                f"static-engine-{s}x{c}": _run(
+                    bench, f"static-engine-{s}x{c}", name, StaticCaps(s, c), slo, say, "map"
+                )
+                for s, c in bench.static_sweep
+            }
+        elif name == "static-budget":
+            sweeps[name] = {}
+            for seats, share in bench.budget_sweep:
+                ms = round(share * slo.chat_itl_p99_ms, 1)
+                key = f"static-budget-{seats}x{ms:g}ms"
+                fixed = FixedBudget(seats, ms)
+                sweeps[name][key] = _run(bench, key, name, fixed, slo, say, "whole")
         elif name == "controlled":
             slots = bench.base.engine.max_num_seqs
             ctrl = BudgetController(slo, bench.model, bench.controller, slots)
-            runs[name] = _run(bench, name, "controlled", ctrl, slo, say)
-    return _out(bench, slo, baseline, runs, sweep)
+            runs[name] = _run(bench, name, name, ctrl, slo, say, "whole")
+    return _out(bench, slo, baseline, runs, sweeps)
 
 
-def _out(bench: SimBench, slo: SLO, baseline: SimScenario, runs: dict, sweep: dict) -> dict:
+def _out(bench: SimBench, slo: SLO, baseline: SimScenario, runs: dict, sweeps: dict) -> dict:
     scored = {name: score(run, slo, bench.base.duration_s) for name, run in runs.items()}
-    if sweep:
-        scored_sweep = {k: score(r, slo, bench.base.duration_s) for k, r in sweep.items()}
+    sweep: dict[str, SimScenario] = {}
+    for name, runs_of in sweeps.items():
+        scored_sweep = {k: score(r, slo, bench.base.duration_s) for k, r in runs_of.items()}
         best = pick_static(scored_sweep)
-        scored["static"] = {**scored_sweep[best], "caps": best, "sweep": scored_sweep}
-        runs["static"] = sweep[best]
+        scored[name] = {**scored_sweep[best], "caps": best, "sweep": scored_sweep}
+        runs[name] = runs_of[best]
+        sweep.update(runs_of)
     scored = {name: scored[name] for name in SCENARIOS if name in scored}
     controlled = runs.get("controlled") or baseline
     out = {
@@ -215,22 +238,31 @@ def _run(
     policy: AdmissionPolicy,
     slo: SLO,
     say: Callable[[str], None],
+    mode: str = "map",
 ) -> SimScenario:
-    result = simulate_scenario(bench, name, policy, slo, docs=bench.base.batch.docs)
+    result = simulate_scenario(bench, name, policy, slo, docs=bench.base.batch.docs, mode=mode)
     _write_run(bench, result, scenario, slo)
     say(_line(name, result.summary))
     return scenario_records(result, name)
 
 
 def simulate_scenario(
-    bench: SimBench, name: str, policy: AdmissionPolicy, slo: SLO, docs: int
+    bench: SimBench,
+    name: str,
+    policy: AdmissionPolicy,
+    slo: SLO,
+    docs: int,
+    mode: str | None = None,
 ) -> SimResult:
     """Scenario `name` of `bench`: the shared settings under its own run id, the SLO in force and
-    `docs` documents, with `policy` deciding for every replica."""
+    `docs` documents (whole or in sections: `mode`, default the base's), with `policy` deciding
+    for every replica."""
     data = bench.base.model_dump()
     data["run_id"] = f"{bench.bench_id}-{name}"
     data["slo"] = slo.model_dump()
     data["batch"]["docs"] = docs
+    if mode is not None:
+        data["batch"]["mode"] = mode
     return simulate(SimConfig.model_validate(data), bench.model, lambda _replica: policy)
 
 

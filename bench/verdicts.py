@@ -92,15 +92,24 @@ def summary(scored: dict, slo: SLO, bound: float, decode_seqs: float, context: f
 
     unc = scored.get("uncontrolled")
     unc_itl = unc["chat"]["itl_ms"]["p99"] if unc else None
+    good = "slo_batch_tokens_per_s"
     return {
         "controlled_vs_uncontrolled_batch": ratio(batch("controlled"), batch("uncontrolled")),
-        "controlled_vs_static_batch": ratio(
-            batch("controlled", "goodput_tokens_per_s"), batch("static", "goodput_tokens_per_s")
+        "controlled_vs_static_engine_batch": ratio(
+            batch("controlled", good), batch("static-engine", good)
+        ),
+        "controlled_vs_static_budget_batch": ratio(
+            batch("controlled", good), batch("static-budget", good)
         ),
         "uncontrolled_itl_p99_over_slo": unc_itl / slo.chat_itl_p99_ms if unc_itl else None,
-        "static_held_slo": holds(scored["static"]) if "static" in scored else None,
+        "static_engine_held_slo": holds(scored["static-engine"])
+        if "static-engine" in scored
+        else None,
+        "static_budget_held_slo": holds(scored["static-budget"])
+        if "static-budget" in scored
+        else None,
         "bound_tokens_per_s": bound,
-        "controlled_fraction_of_bound": ratio(batch("controlled", "goodput_tokens_per_s"), bound),
+        "controlled_fraction_of_bound": ratio(batch("controlled", "slo_batch_tokens_per_s"), bound),
         "chat_decode_seqs": decode_seqs,
         "chat_decode_context": context,
     }

@@ -22,7 +22,10 @@ def register(app: typer.Typer) -> None:
 def bench(
     engine_config: Path = typer.Option(..., help="Engine config of the replica to measure."),
     scenarios: str = typer.Option(
-        "chat-only,uncontrolled,static,controlled", help="Comma-separated scenarios to run."
+        "chat-only,uncontrolled,static-engine,static-budget,controlled",
+        help="Comma-separated scenarios: chat-only; uncontrolled (policy none); static-engine "
+        "(policy static, best of a sweep); static-budget (policy budget, best of a sweep); "
+        "controlled (policy slo).",
     ),
     duration: float = typer.Option(90.0, help="Seconds per scenario."),
     warmup: float = typer.Option(30.0, help="Unmeasured seconds of mixed load first (real bench)."),
@@ -58,6 +61,12 @@ def bench(
         help="Static caps to sweep, SEATSxCHUNK,... (default 1x512,2x1024,4x2048; in "
         "--sim on a GPU the grid of bench/controller_targets.py).",
     ),
+    budget_sweep: str = typer.Option(
+        None,
+        help="Fixed budgets to sweep for static-budget, SEATSxSHARE,... where SHARE is the batch "
+        "step target as a share of the ITL SLO (default 4x0.4,8x0.6,16x0.8; --sim: every seat "
+        "count of 2,4,8 at 0.3,0.5,0.7).",
+    ),
     sim: bool = typer.Option(
         False,
         "--sim",
@@ -74,7 +83,8 @@ def bench(
         1, "--replicas", min=1, help="--sim: simulated replicas behind one router."
     ),
 ) -> None:
-    """Run chat-only, uncontrolled, static (best of a sweep) and controlled back to back."""
+    """Run chat-only, uncontrolled, static-engine and static-budget (each the best of a sweep)
+    and controlled back to back."""
     from bench.sim_scenarios import SCENARIOS
 
     config = load_config_or_exit(engine_config)
@@ -83,6 +93,7 @@ def bench(
     if unknown:
         raise fail(f"unknown scenario {unknown[0]!r}; choose from {', '.join(SCENARIOS)}")
     sweep = _parse_sweep(static_sweep)
+    budgets = _parse_budgets(budget_sweep)
     if sim:
         from flows.cli_bench_sim import SimOptions, bench_sim
 
@@ -107,6 +118,7 @@ def bench(
                 results=results,
                 seed=seed,
                 static_sweep=sweep,
+                budget_sweep=budgets,
                 replicas=sim_replicas,
             ),
         )
@@ -150,6 +162,7 @@ def bench(
         window_s=window_s,
         results=str(results),
         **({"static_sweep": sweep} if sweep else {}),
+        **({"budget_sweep": budgets} if budgets else {}),
         pipeline=PipelineConfig(
             max_model_len=int(config.flag("max-model-len", 32768)),
             ignore_eos=config.model.local_name is not None,
@@ -196,6 +209,28 @@ def _parse_sweep(text: str | None) -> tuple[tuple[int, int], ...] | None:
     if not caps:
         raise fail("--static-sweep is empty: give at least one SEATSxCHUNK, e.g. 2x1024")
     return tuple(caps)
+
+
+def _parse_budgets(text: str | None) -> tuple[tuple[int, float], ...] | None:
+    """`4x0.4,8x0.6` → ((4, 0.4), (8, 0.6)); None when not given."""
+    if text is None:
+        return None
+    budgets = []
+    for item in (t.strip() for t in text.split(",") if t.strip()):
+        seats, _, share = item.partition("x")
+        try:
+            ok = seats.isdigit() and int(seats) >= 1 and 0 < float(share) <= 1
+        except ValueError:
+            ok = False
+        if not ok:
+            raise fail(
+                f"--budget-sweep {item!r}: write SEATSxSHARE, seats a positive whole number and "
+                "SHARE of the ITL SLO in (0, 1], e.g. 8x0.6"
+            )
+        budgets.append((int(seats), float(share)))
+    if not budgets:
+        raise fail("--budget-sweep is empty: give at least one SEATSxSHARE, e.g. 8x0.6")
+    return tuple(budgets)
 
 
 def _load(results: Path, run_ids: list[str]) -> None:

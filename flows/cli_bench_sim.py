@@ -52,6 +52,7 @@ class SimOptions:
     window_s: float | None = None
     scale: float | None = None
     static_sweep: tuple[tuple[int, int], ...] | None = None
+    budget_sweep: tuple[tuple[int, float], ...] | None = None
     replicas: int = 1
 
 
@@ -123,6 +124,7 @@ def build(config: EngineConfig, opts: SimOptions) -> SimBench:
         hardware_count=config.hardware.count,
         hourly_usd=config.hardware.hourly_usd,
         **({"static_sweep": sweep} if sweep else {}),
+        **({"budget_sweep": opts.budget_sweep} if opts.budget_sweep else {}),
     )
 
 

@@ -189,7 +189,7 @@ def print_morning_report(run_id: str, out: dict, slo) -> None:
     console.print(
         f"batch: {job['docs_done']} documents done, {job['docs_failed']} failed; "
         f"{goodput['batch_tokens_per_s']:,.0f} tokens/s, goodput "
-        f"{goodput['goodput_tokens_per_s']:,.0f} tokens/s, "
+        f"{goodput['slo_batch_tokens_per_s']:,.0f} tokens/s, "
         f"{goodput['documents_per_hour']:,.0f} documents/hour"
     )
     console.print(

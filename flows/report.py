@@ -143,7 +143,7 @@ def build_sections(data: ReportData) -> list[Section]:
         facts=[
             (
                 "Batch goodput",
-                f"{num(g['goodput_tokens_per_s'])} tokens/s"
+                f"{num(g['slo_batch_tokens_per_s'])} tokens/s"
                 f" ({num(g['goodput_documents_per_hour'])} documents/h)",
             ),
             (
@@ -223,7 +223,7 @@ def peers_section(data: ReportData) -> Section:
         [
             p["run_id"] + (" (this run)" if p["run_id"] == data.run_id else ""),
             p["policy"] or "-",
-            num(p["goodput_tokens_per_s"]),
+            num(p["slo_batch_tokens_per_s"]),
             num(p["batch_tokens_per_s"]),
             pct(p["slo_attainment"]),
             num(p["chat_itl_p99_ms"]),

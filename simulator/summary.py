@@ -63,7 +63,7 @@ def summarize(rec: Recorder, totals: RunTotals, slo: SLO) -> dict:
         "batch": {
             "tokens_per_s": batch_tokens / totals.sim_seconds,
             "docs_done": totals.docs_done,
-            "goodput_tokens_per_s": goodput / totals.sim_seconds,
+            "slo_batch_tokens_per_s": goodput / totals.sim_seconds,
         },
         "preemptions": totals.preemptions,
         "kv_peak": totals.kv_peak,

@@ -13,7 +13,7 @@ SELECT
     sum(w.documents_done) AS documents_done,
     coalesce(sum(w.documents_done) FILTER (WHERE w.slo_met), 0) AS good_documents,
     sum(w.batch_tokens) / nullif(c.duration_s, 0) AS batch_tokens_per_s,
-    good_batch_tokens / nullif(c.duration_s, 0) AS goodput_tokens_per_s,
+    good_batch_tokens / nullif(c.duration_s, 0) AS slo_batch_tokens_per_s,
     sum(w.documents_done) * 3600 / nullif(c.duration_s, 0) AS documents_per_hour,
     good_documents * 3600 / nullif(c.duration_s, 0) AS goodput_documents_per_hour
 FROM run_windows w

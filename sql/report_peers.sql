@@ -4,7 +4,7 @@ SELECT
     r.run_id,
     r.policy,
     r.engine_config,
-    g.goodput_tokens_per_s,
+    g.slo_batch_tokens_per_s,
     g.batch_tokens_per_s,
     g.goodput_documents_per_hour,
     g.slo_attainment,
@@ -18,4 +18,4 @@ JOIN cost c ON c.run_id = r.run_id
 LEFT JOIN class_latency l ON l.run_id = r.run_id AND l.class = 'chat'
 WHERE r.run_id = me.run_id
    OR (me.corpus_fingerprint <> '' AND r.corpus_fingerprint = me.corpus_fingerprint)
-ORDER BY g.goodput_tokens_per_s DESC NULLS LAST, r.run_id;
+ORDER BY g.slo_batch_tokens_per_s DESC NULLS LAST, r.run_id;

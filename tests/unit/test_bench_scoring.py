@@ -48,7 +48,7 @@ def test_goodput_counts_only_windows_that_held() -> None:
         {"status": "ok", "t_end": 25, "prompt_tokens": 1, "output_tokens": 1},
     ]  # outside
     out = batch_throughput(rows, 0, 20, SLO_10S, [True, False])
-    assert out == {"tokens_per_s": 1500 / 20, "goodput_tokens_per_s": 1000 / 20}
+    assert out == {"tokens_per_s": 1500 / 20, "slo_batch_tokens_per_s": 1000 / 20}
 
 
 def test_decode_load_is_littles_law() -> None:

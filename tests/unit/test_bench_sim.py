@@ -28,7 +28,7 @@ from scheduler.slo import SLO
 
 ROOT = Path(__file__).resolve().parents[2]
 PROFILE = ROOT / "engine_configs" / "h100x2-llama-3.1-70b-fp8.yaml"
-SCENARIOS = {"chat-only", "uncontrolled", "static", "controlled"}
+SCENARIOS = {"chat-only", "uncontrolled", "static-engine", "static-budget", "controlled"}
 QUANTILES = {"p50", "p95", "p99"}
 
 
@@ -56,6 +56,8 @@ def sim_run(tmp_path_factory):
         "8",
         "--static-sweep",
         "1x2048,4x4096",
+        "--budget-sweep",
+        "4x0.5",
         "--results",
         str(results),
         "--json",
@@ -73,19 +75,22 @@ def test_out_json_has_the_real_bench_shape(sim_run) -> None:
         chat, batch = s["chat"], s["batch"]
         assert all(set(chat[k]) == QUANTILES for k in ("ttft_ms", "itl_ms", "e2e_ms"))
         assert 0.0 <= chat["slo_windows_met"] <= 1.0 and chat["errors"] == 0
-        assert {"tokens_per_s", "docs_done", "goodput_tokens_per_s"} <= set(batch)
-        assert batch["goodput_tokens_per_s"] <= batch["tokens_per_s"] + 1e-9
-    assert out["scenarios"]["static"]["caps"] in {"static-1x2048", "static-4x4096"}
+        assert {"tokens_per_s", "docs_done", "slo_batch_tokens_per_s"} <= set(batch)
+        assert batch["slo_batch_tokens_per_s"] <= batch["tokens_per_s"] + 1e-9
+    caps = out["scenarios"]["static-engine"]["caps"]
+    assert caps in {"static-engine-1x2048", "static-engine-4x4096"}
+    assert out["scenarios"]["static-budget"]["caps"] == "static-budget-4x25ms"
     assert out["slo"]["chat_itl_p99_ms"] == 50.0 and out["slo"]["chat_ttft_p99_ms"] == 1000.0
     summary = out["summary"]
     assert {
         "controlled_vs_uncontrolled_batch",
-        "controlled_vs_static_batch",
+        "controlled_vs_static_engine_batch",
+        "controlled_vs_static_budget_batch",
         "uncontrolled_itl_p99_over_slo",
         "bound_tokens_per_s",
         "controlled_fraction_of_bound",
     } <= set(summary)
-    goodput = out["scenarios"]["controlled"]["batch"]["goodput_tokens_per_s"]
+    goodput = out["scenarios"]["controlled"]["batch"]["slo_batch_tokens_per_s"]
     assert summary["bound_tokens_per_s"] > 0
     assert summary["controlled_fraction_of_bound"] == pytest.approx(
         goodput / summary["bound_tokens_per_s"]
@@ -108,10 +113,11 @@ def test_every_run_reaches_the_warehouse_and_the_report(sim_run) -> None:
     finally:
         con.close()
     assert loaded == set(out["run_ids"].values())
-    assert len(loaded) == 5 and chat_rows > 0  # chat-only, uncontrolled, 2 static, controlled
+    # chat-only, uncontrolled, two static-engine caps, one static-budget, controlled
+    assert len(loaded) == 6 and chat_rows > 0
     report = results / "bench" / out["bench_id"]
     assert (report / "bench.html").is_file()
-    assert "static-4x4096" in (report / "bench.md").read_text()
+    assert "static-engine-4x4096" in (report / "bench.md").read_text()
     assert "| controlled |" in stdout
 
 

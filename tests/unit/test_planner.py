@@ -114,7 +114,7 @@ def test_recommended_chunks_fit_the_slo_and_shrink_with_position():
     assert positions == [0, 8192, 16384, 32768, 65536, 79872]
     chunks = [c.chunk_tokens for c in p.recommended_chunk_tokens]
     assert chunks == sorted(chunks, reverse=True) and chunks[-1] > 0
-    assert chunks[0] >= 3 * chunks[-1]  # DESIGN §1: safe at 0 is 3-5x too slow at 78k
+    assert chunks[0] >= 3 * chunks[-1]  # docs/design.md §1: safe at 0 is 3-5x too slow at 78k
     est = roofline_model(**CARD, flops_efficiency=0.5, bandwidth_efficiency=0.7, overhead_s=0.002)
     load = (p.decode_batch, p.decode_batch * p.context)
     for advice in p.recommended_chunk_tokens:

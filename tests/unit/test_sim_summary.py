@@ -62,7 +62,7 @@ def test_goodput_counts_batch_tokens_only_in_windows_that_held_the_slo():
     finished(rec, "b1", "batch", 0.0, [80.0, 80.1])  # 102 tokens, window 1 (violated)
     s = summarize(rec, totals(), SLO_50_1000)
     assert s["batch"]["tokens_per_s"] == pytest.approx(204 / 120)
-    assert s["batch"]["goodput_tokens_per_s"] == pytest.approx(102 / 120)
+    assert s["batch"]["slo_batch_tokens_per_s"] == pytest.approx(102 / 120)
 
 
 def test_a_partial_last_window_counts_like_the_warehouse_clock():
