@@ -20,6 +20,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "flows.cli_calibrate",
     "flows.cli_run",
     "flows.cli_bench",
+    "flows.cli_docs",
 )
 
 app = typer.Typer(

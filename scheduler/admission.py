@@ -1,4 +1,4 @@
-"""The admission interface: what a policy observes about a replica and what it decides (DESIGN §4).
+"""The admission interface: what a policy observes about a replica and what it decides (docs/design.md §4.7).
 
 A policy is pure and clock-agnostic: `decide(observation) -> decision`. The simulator feeds it
 observations stamped with virtual time, the Gate with wall time; neither the policy nor these types

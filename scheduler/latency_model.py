@@ -1,4 +1,4 @@
-"""Step-time model of an engine step (DESIGN §4), from a roofline prior or fitted to measured steps.
+"""Step-time model of an engine step (docs/design.md §4.2), from a roofline prior or fitted to measured steps.
 
     step = max(a·T, b) + c·Σ C·(p + C/2) + d·Σctx + e + f·Σp + g·B
 

@@ -1,6 +1,6 @@
 """Capacity planning from specs: KV and weight memory, concurrency, decode roofline, chunk sizes.
 
-The arithmetic of DESIGN §1, kept pure so that `nightshift plan`, the simulator and tests share it.
+The arithmetic of docs/design.md §9, kept pure so that `nightshift plan`, the simulator and tests share it.
 KV memory, not weights, caps concurrency; decode re-reads weights plus every sequence's KV each step,
 so it is bandwidth-bound; and a prefill chunk that is safe at the start of a long prompt is too slow
 deep into it, so chunk advice is given per prefix position.

@@ -1,4 +1,4 @@
-"""Request and token-gap records: the one row shape every producer writes (DESIGN §4).
+"""Request and token-gap records: the one row shape every producer writes (docs/design.md §4.5).
 
 The streaming client, the chat-load generator and the simulator all emit these, so the same SQL
 reports work on real and simulated runs. They live in `scheduler` because it is the bottom of the
@@ -28,7 +28,7 @@ class TokenGap:
 
 @dataclass(slots=True)
 class RequestRecord:
-    """One request, as DESIGN §4 names its columns. Times are seconds on the producer's clock."""
+    """One request, as docs/design.md §4.5 names its columns. Times are seconds on the producer's clock."""
 
     run_id: str
     request_id: str
@@ -69,7 +69,7 @@ class RequestRecord:
             self.itl_max_s = gap_s[-1]
 
     def row(self) -> dict:
-        """The record as a flat dict with DESIGN §4 column names (`class`, not `cls`), gaps left out."""
+        """The record as a flat dict with docs/design.md §4.5 column names (`class`, not `cls`), gaps left out."""
         d = asdict(self)
         d.pop("gaps")
         d["class"] = d.pop("cls")

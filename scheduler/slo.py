@@ -1,4 +1,4 @@
-"""The chat latency SLO the controller defends (DESIGN §4)."""
+"""The chat latency SLO the controller defends (docs/design.md §4.6)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """What a calibration sweep measures, bounded by what the replica allows.
 
 Step time depends on the decode batch (sequences and their total context) and on prefill chunks
-(size and prefix position), DESIGN §4. The sweep therefore has two parts: decode shapes (B streams
+(size and prefix position), docs/design.md §4.2. The sweep therefore has two parts: decode shapes (B streams
 at context L) and chunk shapes (one chunk of C tokens at prefix p, beside B decoding streams).
 Everything is bounded by the replica's limits (max-model-len, max-num-seqs, step budget, KV
 capacity); what does not fit is dropped with a reason the command prints, never silently.

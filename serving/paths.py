@@ -1,6 +1,6 @@
 """Where nightshift finds its engine interpreter, its model cache and its repository data.
 
-The control plane and the engine live in two virtual environments (DESIGN §5), so the launcher and
+The control plane and the engine live in two virtual environments (docs/design.md §5), so the launcher and
 the model builder run the engine's interpreter as a subprocess rather than importing vLLM.
 """
 

@@ -13,7 +13,7 @@ from typing import Literal
 CHAT_PRIORITY = 0
 """vLLM priority of chat requests: lower runs first and is preempted last."""
 BATCH_PRIORITY = 1
-"""vLLM priority of batch requests, always behind chat (DESIGN §1)."""
+"""vLLM priority of batch requests, always behind chat (docs/design.md §1)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,4 +1,4 @@
-"""Request, token-gap and decision records of a simulated run, in the DESIGN §4 shapes.
+"""Request, token-gap and decision records of a simulated run, in the docs/design.md §4.5 shapes.
 
 Token gaps are kept as one NumPy array per request rather than `TokenGap` objects: an hour of chat
 streams millions of tokens. `write_parquet` lays them out as the same three tables the pipeline

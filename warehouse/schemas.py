@@ -1,4 +1,4 @@
-"""Arrow schemas of every table a run writes and the warehouse holds (DESIGN §4).
+"""Arrow schemas of every table a run writes and the warehouse holds (docs/design.md §4.5).
 
 `warehouse` imports nothing else of ours, so the columns of the request record are spelled out here
 again rather than derived from `scheduler.records`; the unit tests check that both still agree.
