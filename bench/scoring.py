@@ -1,6 +1,6 @@
 """Scoring one benchmark scenario from its records. Pure: records in, figures out.
 
-Chat latency follows DESIGN §4: ITL percentiles over every token gap (token-weighted), TTFT and E2E
+Chat latency follows docs/design.md §4.6: ITL percentiles over every token gap (token-weighted), TTFT and E2E
 over requests. A window holds the SLO when its chat ITL p99 and TTFT p99 are within target and no
 chat request failed in it; goodput counts batch tokens of requests that ended in such windows.
 
