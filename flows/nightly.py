@@ -24,8 +24,9 @@ from serving.engine_config import load_engine_config
 
 @task(retries=2, retry_delay_seconds=5)
 def plan_caps(latency_model: str | None, slo: SLO, max_model_len: int) -> list[dict]:
-    """The chunk the controller would allow at each prefix position with no chat load: a preview
-    of how it will size sections, logged before the run starts."""
+    """The largest batch chunk the engine plug-in would grant at each prefix position with the
+    step target at the ITL SLO and one chat decoding: a preview, logged before the run starts, of
+    how much slower a long document's prefill gets as it goes deeper."""
     if latency_model is None:
         return []
     from scheduler.latency_model import LatencyModel, largest_chunk_within
@@ -120,7 +121,7 @@ def nightly_summarization(
     ) as live:
         log.info("run %s on %s", run_id, ", ".join(url for _, url in live))
         preview = plan_caps(latency_model, slo, pipeline.max_model_len)
-        log.info("chunk caps by prefix position with no chat load: %s", preview)
+        log.info("batch chunk by prefix position at the ITL SLO, chat idle: %s", preview)
         job = run_pipeline(
             JobSpec(
                 corpus=corpus,

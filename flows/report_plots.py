@@ -68,7 +68,8 @@ def throughput_plot(windows: list[dict], path: Path) -> Path:
 
 
 def caps_plot(caps: list[dict], windows: list[dict], path: Path) -> Path:
-    """The controller's caps per replica over time: batch seats above, chunk tokens below."""
+    """The controller's caps per replica over time: batch seats above, the batch step target
+    below (nothing under policies that leave the engine stock)."""
     unit, label = time_axis(windows)
     fig, (seats, chunk) = plt.subplots(2, 1, figsize=(SIZE[0], SIZE[1] * 1.6), sharex=True, dpi=DPI)
     seats.set_title("Controller caps per replica", loc="left", fontsize=11)
@@ -78,7 +79,7 @@ def caps_plot(caps: list[dict], windows: list[dict], path: Path) -> Path:
         ax.spines[["top", "right"]].set_visible(False)
     seats.set_xlim(0, run_span_s(windows) / unit or 1.0)
     seats.set_ylabel("batch seats")
-    chunk.set_ylabel("chunk tokens")
+    chunk.set_ylabel("batch step target ms")
     chunk.set_xlabel(label)
     if not caps:
         seats.text(
@@ -100,7 +101,9 @@ def caps_plot(caps: list[dict], windows: list[dict], path: Path) -> Path:
         seats.step(
             xs, [0 if c["pause"] else c["batch_seats"] for c in own], where="post", label=replica
         )
-        chunk.step(xs, [c["chunk_tokens"] for c in own], where="post", label=replica)
+        targets = [c["batch_step_target_ms"] for c in own]
+        if any(t is not None for t in targets):
+            chunk.step(xs, [float("nan") if t is None else t for t in targets], where="post")
     seats.set_ylim(bottom=0)
     chunk.set_ylim(bottom=0)
     if caps:

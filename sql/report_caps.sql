@@ -3,7 +3,7 @@ SELECT
     d.replica,
     d.t - c.origin AS t_rel_s,
     d.batch_seats,
-    d.chunk_tokens,
+    d.batch_step_target_ms,
     coalesce(d.pause, false) AS pause,
     d.reason
 FROM decisions d

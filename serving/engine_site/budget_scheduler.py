@@ -26,7 +26,7 @@ Without a control document the plug-in only observes (stock scheduling, status s
 see `control_channel` for expiry and rejection. Any exception inside the plug-in falls back to stock
 behaviour for that step and is logged once per place: the engine never dies because of it.
 
-vLLM private names this depends on (checked by `tests/unit/test_engine_plugin_canary.py`):
+vLLM private names this depends on (checked by the canary in `tests/integration/test_budget_scheduler.py`):
 `Scheduler.schedule`, `Scheduler._reserve_prefill_lookahead(request, num_computed_tokens,
 num_new_tokens)`, `Scheduler.update_from_output(scheduler_output, model_runner_output)`,
 `Scheduler.running`, `.waiting` (iterable in policy order), `.requests`, `.block_size`,
