@@ -14,27 +14,38 @@ def pooled(**figures: tuple[float, float]) -> dict:
     out = {}
     for name, (met, tps) in figures.items():
         policy = name.replace("_", " ")
+        policy = "chat-only" if policy == "chat-only" else policy
         for scenario, scale in (("steady", 1.0), ("varying", 2.0)):
             out[(scenario, policy)] = {"scenario": scenario, "policy": policy,
                                        "slo_windows_met": met, "batch_tokens_per_s": tps * scale}  # fmt: skip
     return out
 
 
-def test_the_best_static_that_holds_is_the_reference():
-    p = pooled(slo=(1.0, 900.0), static_1x2048=(1.0, 600.0), static_2x2048=(0.995, 1000.0),
-               static_4x4096=(0.9, 3000.0))  # fmt: skip
+def test_the_best_static_that_holds_is_the_reference_in_each_family():
+    p = pooled(slo=(1.0, 1500.0), **{"static-engine_1x2048": (1.0, 600.0),
+               "static-engine_2x2048": (0.995, 1000.0), "static-engine_4x4096": (0.9, 3000.0),
+               "static-budget_4x0.5": (1.0, 1400.0)})  # fmt: skip
     r = targets(p)
-    assert r["static_holds"] and r["static_chosen"] == "static 2x2048"
-    assert r["steady_ratio"] == 0.9 and r["steady_ok"]
+    engine, budget = r["static-engine"], r["static-budget"]
+    assert engine["holds"] and engine["chosen"] == "static-engine 2x2048"
+    assert engine["steady_ratio"] == 1.5 and engine["steady_ok"]
+    assert budget["chosen"] == "static-budget 4x0.5" and not budget["steady_ok"]  # 1.07 < 1.1
 
 
 def test_without_a_holding_static_the_closest_one_is_the_reference():
-    p = pooled(slo=(0.995, 700.0), static_1x2048=(0.983, 680.0), static_1x4096=(0.942, 1090.0))
-    assert closest_static(p, "steady")["policy"] == "static 1x2048"
-    r = targets(p)
-    assert not r["static_holds"] and r["static_chosen"] == "static 1x2048"
-    assert r["static_windows_met"] == 0.983 and r["windows_ok"]
+    p = pooled(slo=(0.995, 700.0), **{"static-engine_1x2048": (0.983, 680.0),
+               "static-engine_1x4096": (0.942, 1090.0)})  # fmt: skip
+    assert closest_static(p, "steady", "static-engine")["policy"] == "static-engine 1x2048"
+    r = targets(p)["static-engine"]
+    assert not r["holds"] and r["chosen"] == "static-engine 1x2048"
+    assert r["windows_met"] == 0.983
     assert abs(r["steady_ratio"] - 700 / 680) < 1e-9
+
+
+def test_the_windows_target_is_what_chat_alone_can_hold():
+    p = pooled(slo=(0.97, 700.0), **{"chat-only": (0.975, 0.0), "static-engine_1x2048": (0.9, 9.0)})
+    r = targets(p)
+    assert r["windows_needed"]["steady"] == 0.975 and not r["windows_ok"]
 
 
 def test_missed_windows_name_the_batch_ahead_and_the_decision_in_force():
