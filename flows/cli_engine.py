@@ -92,43 +92,39 @@ def status(state_dir: Path = StateDir) -> None:
         typer.echo("no replicas recorded")
         return
     table = Table("replica", "url", "model", "pid", "state", "log")
-    budgets = Table("replica", "plug-in", "seq", "target ms", "batch tok/step", "step ms",
-                    "predicted ms", "steps/s", "chat ITL p99 ms", "rejected")  # fmt: skip
+    lines = []
     for r, state in rows:
         table.add_row(r.name, r.base_url, r.served_model, str(r.pid), state, r.log)
         doc = read_status(ControlTarget(r.name, folder=r.control_dir))
         if doc is not None:
-            budgets.add_row(r.name, *_budget_cells(doc))
+            lines.append(plugin_line(r.name, doc))
     Console().print(table)
-    if budgets.rows:
-        Console().print(budgets)
+    for line in lines:
+        typer.echo(line)
 
 
-def _budget_cells(doc: dict) -> list[str]:
-    """One replica's plug-in status, as `engine status` shows it."""
-    from serving.metrics import Histogram, histogram_quantile
+def plugin_line(name: str, doc: dict) -> str:
+    """One replica's engine plug-in, as `engine status` shows it: what it applies, and its last
+    status interval (about a second): steps, their measured and predicted time, batch prefill
+    tokens per step that carried batch, and chat's own ITL p99 since the engine started."""
+    from serving.metrics import histogram_quantile
+    from serving.plugin_sensor import status_histogram
 
-    recent, itl = doc.get("recent", {}), doc.get("chat_itl_seconds", {})
+    recent = doc.get("recent", {})
 
-    def num(v, fmt=".1f"):
-        return "-" if v is None else format(v, fmt)
+    def ms(v) -> str:
+        return "-" if v is None else f"{v:.1f} ms"
 
-    p99 = None
-    if itl.get("count"):
-        h = Histogram((*itl["bounds"], float("inf")), tuple(itl["cumulative"]), itl["count"],
-                      itl["sum"])  # fmt: skip
-        p99 = histogram_quantile(h, 0.99)
-    return [
-        doc.get("state", "?"),
-        num(doc.get("control_seq"), "d"),
-        num(doc.get("batch_step_target_ms")),
-        num(recent.get("batch_prefill_tokens_per_batch_step")),
-        num(recent.get("mean_step_ms")),
-        num(recent.get("mean_predicted_ms")),
-        num(recent.get("steps")),
-        num(None if p99 is None else 1000 * p99),
-        str(doc.get("rejected", 0)),
-    ]
+    target = doc.get("batch_step_target_ms")
+    applies = doc.get("state", "?") + ("" if target is None else f", target {target:g} ms")
+    p99 = histogram_quantile(status_histogram(doc, "chat_itl_seconds"), 0.99)
+    return (
+        f"{name}: plug-in {applies} (seq {doc.get('control_seq')}, {doc.get('rejected', 0)} "
+        f"rejected); last interval {recent.get('steps', 0)} steps, mean {ms(recent.get('mean_step_ms'))}"
+        f" (predicted {ms(recent.get('mean_predicted_ms'))}), batch "
+        f"{recent.get('batch_prefill_tokens_per_batch_step', 0):.0f} tokens per batch step; "
+        f"chat ITL p99 {ms(None if p99 is None else 1000 * p99)} since start"
+    )
 
 
 @engine_app.command("down")
