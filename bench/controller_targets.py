@@ -226,16 +226,21 @@ def targets(pooled: dict) -> dict:
              "varying_ratio": _ratio(slo["varying"], on_trace),
              "varying_windows_met": on_trace["slo_windows_met"],
              "best_for_varying": hindsight and hindsight["policy"]}  # fmt: skip
-        f["steady_ok"] = f["steady_ratio"] >= TARGETS["steady"][family]
-        f["varying_ok"] = f["varying_ratio"] >= TARGETS["varying"][family]
+        for load in ("steady", "varying"):
+            ratio = f[f"{load}_ratio"]
+            f[f"{load}_ok"] = None if ratio is None else ratio >= TARGETS[load][family]
         if hindsight is not None:
             f["varying_ratio_to_hindsight"] = _ratio(slo["varying"], hindsight)
         out[family] = f
     return out
 
 
-def _ratio(a: dict, b: dict) -> float:
-    return a["batch_tokens_per_s"] / max(b["batch_tokens_per_s"], 1e-9)
+def _ratio(a: dict, b: dict) -> float | None:
+    """a's batch tokens/s over b's; None when b made no batch (a baseline that holds the SLO by
+    doing nothing is no measure of how much more the controller does)."""
+    if b["batch_tokens_per_s"] <= 0:
+        return None
+    return a["batch_tokens_per_s"] / b["batch_tokens_per_s"]
 
 
 def print_report(pooled: dict, result: dict, args: argparse.Namespace) -> None:
@@ -280,13 +285,17 @@ def _print_targets(r: dict) -> None:
               f"varying trace in hindsight: {f['best_for_varying']}")  # fmt: skip
         t = TARGETS
         print(f"[{verdict(f['steady_ok'])}] steady: controller / {family} = "
-              f"{f['steady_ratio']:.2f} (target >= {t['steady'][family]})")  # fmt: skip
+              f"{_fmt(f['steady_ratio'])} (target >= {t['steady'][family]})")  # fmt: skip
         print(f"[{verdict(f['varying_ok'])}] varying: controller / {family} = "
-              f"{f['varying_ratio']:.2f} (target >= {t['varying'][family]}; it met "
+              f"{_fmt(f['varying_ratio'])} (target >= {t['varying'][family]}; it met "
               f"{100 * f['varying_windows_met']:.1f}% of windows there)")  # fmt: skip
         if "varying_ratio_to_hindsight" in f:
             print(f"       varying: controller / best {family} in hindsight = "
-                  f"{f['varying_ratio_to_hindsight']:.2f}")  # fmt: skip
+                  f"{_fmt(f['varying_ratio_to_hindsight'])}")  # fmt: skip
+
+
+def _fmt(ratio: float | None) -> str:
+    return "undefined (that baseline made no batch)" if ratio is None else f"{ratio:.2f}"
 
 
 def print_misses(runs: list[dict]) -> None:
