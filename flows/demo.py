@@ -22,6 +22,13 @@ RESULTS = Path("results")
 PORT = 8000
 DOCS, MIN_TOKENS, MAX_TOKENS = 16, 1500, 8000
 CHAT_RATE, CHAT_SCALE, BASELINE_S = 1.0, 0.1, 20.0
+SECTION_TOKENS = 1024
+"""The demo summarizes in map-reduce sections: cpu-small's attention cost grows with a chunk's
+prefix ~25x faster than a 70B replica's, so at the demo's tight SLO a chunk a few thousand tokens
+into a whole document gets almost no step time and the demo would outlast its minutes. Whole
+documents at the mission's scale run on the long-context stand-in, cpu-long."""
+SUMMARIZE_S = 300.0
+"""The night's deadline: documents not done by then are reported as stopped, not waited for."""
 
 
 def main() -> int:
@@ -91,7 +98,10 @@ def main() -> int:
                 policy="slo",
                 latency_model=str(fit_path),
                 slo=slo,
-                pipeline=default_pipeline(config),
+                pipeline=default_pipeline(config).model_copy(
+                    update={"mode": "map_reduce", "section_tokens": SECTION_TOKENS}
+                ),
+                stop_after_s=SUMMARIZE_S,
             )
         finally:
             chat_result = chat.stop()
@@ -188,8 +198,8 @@ def print_morning_report(run_id: str, out: dict, slo) -> None:
     job = out["job"]
     console.print(
         f"batch: {job['docs_done']} documents done, {job['docs_failed']} failed; "
-        f"{goodput['batch_tokens_per_s']:,.0f} tokens/s, goodput "
-        f"{goodput['slo_batch_tokens_per_s']:,.0f} tokens/s, "
+        f"{goodput['batch_tokens_per_s']:,.0f} tokens/s, "
+        f"{goodput['slo_batch_tokens_per_s']:,.0f} tokens/s in windows that held the SLO, "
         f"{goodput['documents_per_hour']:,.0f} documents/hour"
     )
     console.print(

@@ -105,6 +105,7 @@ def nightly_summarization(
     pushgateway: str | None = None,
     show_progress: bool = True,
     budget: tuple[int, float] = (4, 40.0),
+    stop_after_s: float | None = None,
 ) -> dict:
     """Tonight's corpus, summarized on the shared replicas without breaking chat's SLO."""
     log = get_run_logger()
@@ -136,6 +137,7 @@ def nightly_summarization(
                 static_caps=static_caps,
                 budget=budget,
                 engine_state_dir=str(Path(results) / "engines"),
+                stop_after_s=stop_after_s,
                 metrics_port=metrics_port,
                 pushgateway=pushgateway,
                 show_progress=show_progress,

@@ -139,10 +139,10 @@ def build_sections(data: ReportData) -> list[Section]:
     """The report's content, format-free."""
     s, g, c = data.summary, data.goodput, data.cost
     headline = Section(
-        "Goodput",
+        "Batch throughput within the SLO",
         facts=[
             (
-                "Batch goodput",
+                "Batch tokens/s in windows that held the SLO",
                 f"{num(g['slo_batch_tokens_per_s'])} tokens/s"
                 f" ({num(g['goodput_documents_per_hour'])} documents/h)",
             ),

@@ -30,13 +30,20 @@ class RayGateClient:
         await self._gate.progress.remote(permit_id, tokens, tokens)
 
 
+BATCH_CLIENT = ClientConfig(read_timeout_s=1800.0)
+"""Batch requests wait as long as a request may take for their next chunk: under the engine
+plug-in a batch prefill is paused, or granted nothing, whenever chat needs the steps, so minutes
+of silence are the controller at work, not a dead replica (which refuses or drops the
+connection)."""
+
+
 class HttpClientPool:
     """One StreamingClient per replica over one shared connection pool."""
 
     def __init__(self, model: str, run_id: str, config: ClientConfig | None = None) -> None:
         self.model = model
         self.run_id = run_id
-        self.config = config or ClientConfig()
+        self.config = config or BATCH_CLIENT
         self._http = httpx.AsyncClient(
             timeout=httpx.Timeout(
                 self.config.read_timeout_s, connect=self.config.connect_timeout_s

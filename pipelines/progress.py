@@ -34,15 +34,19 @@ class Throughput:
 
 
 def describe_caps(caps: dict[str, dict]) -> str:
-    """`r1 4×1024` per replica, `paused` when paused, `down` when out."""
+    """`r1 4 seats at 25 ms` per replica (the engine plug-in's batch step target), `r1 4 seats`
+    where the engine is stock, `paused` when paused, `down` when out."""
     parts = []
     for name, c in sorted(caps.items()):
+        target = c.get("batch_step_target_ms")
         if c.get("reason") == "down":
             parts.append(f"{name} down")
         elif c.get("pause"):
             parts.append(f"{name} paused")
+        elif target is not None:
+            parts.append(f"{name} {c.get('batch_seats')} seats at {target:.0f} ms")
         else:
-            parts.append(f"{name} {c.get('batch_seats')}×{c.get('chunk_tokens')}")
+            parts.append(f"{name} {c.get('batch_seats')} seats")
     return ", ".join(parts)
 
 

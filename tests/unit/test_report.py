@@ -60,7 +60,7 @@ def test_markdown_carries_the_warehouse_figures(report) -> None:
 def test_html_shows_the_same_sections_and_links_every_plot(report) -> None:
     page = report.html.read_text()
     assert page.startswith("<!doctype html>")
-    for title in ("Goodput", "Cost", "Latency (ms)", "Work", "Over time"):
+    for title in ("Batch throughput within the SLO", "Cost", "Latency (ms)", "Work", "Over time"):
         assert f"<h2>{title}</h2>" in page
     linked = set(re.findall(r'<img src="([^"]+)"', page))
     assert linked == {p.name for p in report.plots}

@@ -29,8 +29,9 @@ def test_throughput_and_eta() -> None:
 
 def test_caps_description() -> None:
     caps = {
-        "b": {"batch_seats": 2, "chunk_tokens": 512, "pause": False},
-        "a": {"batch_seats": 0, "chunk_tokens": 0, "pause": True},
+        "b": {"batch_seats": 2, "batch_step_target_ms": 24.6, "pause": False},
+        "a": {"batch_seats": 0, "pause": True},
         "c": {"reason": "down", "pause": True},
+        "d": {"batch_seats": 4, "batch_step_target_ms": None, "pause": False},
     }
-    assert describe_caps(caps) == "a paused, b 2×512, c down"
+    assert describe_caps(caps) == "a paused, b 2 seats at 25 ms, c down, d 4 seats"
