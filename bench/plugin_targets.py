@@ -29,7 +29,8 @@ from serving import engine_control
 from serving.client import StreamingClient
 from serving.engine_config import load_engine_config
 from serving.launcher import Replica, ReplicaSet
-from serving.metrics import Histogram, histogram_delta, histogram_quantile, scrape
+from serving.metrics import histogram_delta, histogram_quantile, scrape
+from serving.plugin_sensor import status_histogram
 from serving.replica_targets import latency_model_for
 
 CHAT_PROMPT_TOKENS = 256
@@ -80,11 +81,6 @@ def _status(replica: Replica) -> dict:
     raise RuntimeError(f"{replica.name}: the plug-in wrote no status")
 
 
-def _gaps(doc: dict) -> Histogram:
-    h = doc["chat_itl_seconds"]
-    return Histogram((*h["bounds"], float("inf")), tuple(h["cumulative"]), h["count"], h["sum"])
-
-
 def _p99(values: list[float]) -> float | None:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))] if ordered else None
@@ -108,7 +104,9 @@ async def scenario(replica: Replica, args, batch: bool, seed: int) -> dict:
         m1.histogram("vllm:inter_token_latency_seconds"),
         m0.histogram("vllm:inter_token_latency_seconds"),
     )
-    chat_gaps = histogram_delta(_gaps(s1), _gaps(s0))
+    chat_gaps = histogram_delta(
+        status_histogram(s1, "chat_itl_seconds"), status_histogram(s0, "chat_itl_seconds")
+    )
     return {
         "state": s1["state"],
         "chats": len(ttfts),

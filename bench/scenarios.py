@@ -35,7 +35,7 @@ from bench.scoring import (
 )
 from bench.verdicts import (
     engine_itl_floor_ms,
-    pick_static,
+    score_sweeps,
     slo_from_chat_only,
     step_chunk_cap,
     summary,
@@ -139,13 +139,7 @@ def run_scenarios(cfg: BenchConfig, replicas: list[tuple[str, str]], model: str,
         elif name == "controlled":
             runs[name] = _with_batch(cfg, name, replicas, model, tokenizer, slo, "slo")
     scored = {name: score(run, slo) for name, run in runs.items()}
-    sweep: dict[str, ScenarioRun] = {}
-    for name, runs_of in sweeps.items():
-        scored_sweep = {k: score(r, slo) for k, r in runs_of.items()}
-        best = pick_static(scored_sweep)
-        scored[name] = {**scored_sweep[best], "caps": best, "sweep": scored_sweep}
-        runs[name] = runs_of[best]
-        sweep.update(runs_of)
+    sweep = score_sweeps(sweeps, runs, scored, lambda r: score(r, slo))
     out = {
         "scenarios": scored,
         "slo": slo.model_dump(),

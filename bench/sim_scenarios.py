@@ -36,7 +36,7 @@ from bench.scoring import (
     chat_latency,
     window_verdicts,
 )
-from bench.verdicts import pick_static, slo_from_chat_only, step_chunk_cap, summary
+from bench.verdicts import score_sweeps, slo_from_chat_only, step_chunk_cap, summary
 from scheduler.admission import AdmissionPolicy, FixedBudget, NoAdmissionControl, StaticCaps
 from scheduler.budget_controller import BudgetController, BudgetControllerConfig
 from scheduler.records import RequestRecord, TokenGap
@@ -184,13 +184,7 @@ def run_sim_scenarios(bench: SimBench, progress: Callable[[str], None] | None = 
 
 def _out(bench: SimBench, slo: SLO, baseline: SimScenario, runs: dict, sweeps: dict) -> dict:
     scored = {name: score(run, slo, bench.base.duration_s) for name, run in runs.items()}
-    sweep: dict[str, SimScenario] = {}
-    for name, runs_of in sweeps.items():
-        scored_sweep = {k: score(r, slo, bench.base.duration_s) for k, r in runs_of.items()}
-        best = pick_static(scored_sweep)
-        scored[name] = {**scored_sweep[best], "caps": best, "sweep": scored_sweep}
-        runs[name] = runs_of[best]
-        sweep.update(runs_of)
+    sweep = score_sweeps(sweeps, runs, scored, lambda r: score(r, slo, bench.base.duration_s))
     scored = {name: scored[name] for name in SCENARIOS if name in scored}
     controlled = runs.get("controlled") or baseline
     out = {

@@ -7,7 +7,7 @@ Pure: scored dictionaries in, figures out.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from scheduler.engine_flags import engine_step_tokens
@@ -63,6 +63,25 @@ def pick_static(sweep: dict[str, dict]) -> str:
     if holding:
         return max(holding, key=lambda k: sweep[k]["batch"]["tokens_per_s"])
     return max(sweep, key=lambda k: sweep[k]["chat"]["slo_windows_met"])
+
+
+def score_sweeps(
+    sweeps: dict[str, dict[str, Any]],
+    runs: dict[str, Any],
+    scored: dict[str, dict],
+    score: Callable[[Any], dict],
+) -> dict[str, Any]:
+    """Score every run of every sweep (scenario -> caps -> run), and enter each scenario as its
+    best caps (`pick_static`) in `scored` and `runs`, the whole sweep beside it. Returns every
+    run of every sweep by caps, for the run ids."""
+    every: dict[str, Any] = {}
+    for name, runs_of in sweeps.items():
+        scored_sweep = {k: score(r) for k, r in runs_of.items()}
+        best = pick_static(scored_sweep)
+        scored[name] = {**scored_sweep[best], "caps": best, "sweep": scored_sweep}
+        runs[name] = runs_of[best]
+        every.update(runs_of)
+    return every
 
 
 def step_chunk_cap(

@@ -65,7 +65,7 @@ class Decision:
     machine-friendly word for the decisions table (`cold-start`, `grow`, `itl-violation`, ...).
     `prefill_budget_tokens`: the most batch prompt tokens that may await prefill on the replica
     at once (None: no such bound). Seats are decided every few seconds, but a prompt prefills in
-    a fraction of a second: whoever admits checks this bound at every grant (`prefill_fits`), so
+    a fraction of a second: whoever admits checks this bound at every grant (`within_prefill_budget`), so
     batch prefill flows as fast as it drains instead of in one burst per decision.
     """
 
@@ -79,34 +79,6 @@ class Decision:
     """What the engine plug-in sizes batch prefill chunks to (None: the policy sets none)."""
     kv_room_tokens: int | None = None
     """KV tokens new batch requests may claim until the next decision (None: not bounded)."""
-
-
-def prefill_fits(
-    prefilling_tokens: int,
-    prompt_tokens: int,
-    chunk_tokens: int,
-    step_tokens: int | None,
-    budget_tokens: int | None = None,
-) -> bool:
-    """Whether a batch prompt may start beside the batch prompt tokens a replica is still
-    prefilling, under a decision's `chunk_tokens` and `prefill_budget_tokens` (`budget_tokens`)
-    and the engine's per-request step size (`step_tokens`, None when a prompt is prefilled in one
-    step).
-
-    The engine packs every pending prefill into its next step, up to its token budget, so two
-    prompts that each fit the ITL budget in a step of their own can together make a step that
-    does not. While the chunk is smaller than an engine step, `chunk_tokens` therefore caps the
-    batch prefill in flight, not only each prompt. A chunk of a whole step or more was priced as
-    full steps already, and pending prefills make those steps no longer, only more of them (the
-    TTFT allowance, `budget_tokens`, bounds that). One prompt may always start when nothing is
-    prefilling."""
-    if prefilling_tokens <= 0:
-        return True
-    if not within_prefill_budget(prefilling_tokens, prompt_tokens, budget_tokens):
-        return False
-    if step_tokens is not None and chunk_tokens >= step_tokens:
-        return True
-    return prefilling_tokens + prompt_tokens <= chunk_tokens
 
 
 def within_prefill_budget(

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -16,14 +15,3 @@ def engine_step_tokens(flags: Mapping[str, Any]) -> int | None:
         return None
     threshold = flags.get("long-prefill-token-threshold") or 0
     return int(min(budget, threshold) if 0 < threshold else budget)
-
-
-def batch_seat_limit(flags: Mapping[str, Any], chat_share: float) -> int | None:
-    """Most batch seats an engine with these flags can give without taking the sequence slots chat
-    needs: `max-num-seqs` less `chat_share` of it (at least one slot kept for chat). A chat
-    arriving at a full engine waits for a batch request to finish, whatever its priority. None
-    when the flag is unset."""
-    slots = flags.get("max-num-seqs")
-    if slots is None:
-        return None
-    return max(1, int(slots) - max(1, math.ceil(int(slots) * chat_share)))

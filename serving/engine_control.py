@@ -18,10 +18,9 @@ import httpx
 
 from scheduler.control_document import ControlDocument, from_dict
 from scheduler.latency_model import LatencyModel
+from serving.engine_site.control_files import CONTROL_FILE, STATUS_FILE
 from serving.engine_site.engine_status import write_atomically
 
-CONTROL_FILE = "control.json"
-STATUS_FILE = "status.json"
 CONTROL_ROUTE = "/nightshift/control"
 STATUS_ROUTE = "/nightshift/status"
 

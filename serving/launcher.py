@@ -32,14 +32,12 @@ import httpx
 
 from serving import cpu_features, local_models
 from serving.engine_config import EngineConfig, render_flags
+from serving.engine_site.control_files import CONTROL_DIR_ENV
 from serving.paths import engine_python
 
 ENGINE_MODULE = "vllm.entrypoints.openai.api_server"
 ENGINE_SITE = Path(__file__).resolve().parent / "engine_site"
 SHM_NAP_ENV = "NIGHTSHIFT_SHM_WAIT_NAP_US"
-CONTROL_DIR_ENV = "NIGHTSHIFT_CONTROL_DIR"
-"""Where a replica's engine plug-in reads its control document and writes its status
-(`serving/engine_site/budget_scheduler.py`)."""
 LOG_TAIL_LINES = 40
 
 

@@ -28,6 +28,7 @@ from vllm.v1.structured_output import StructuredOutputManager
 
 from serving import engine_control, local_models
 from serving.engine_site import budget_scheduler
+from serving.engine_site.control_files import CONTROL_DIR_ENV
 from tests.budget_fixtures import BATCH_PROMPT, BLOCK, CHAT_PROMPT, MODEL, STEP_TOKENS, TARGET_MS
 
 BUDGET = STEP_TOKENS
@@ -35,9 +36,9 @@ BUDGET = STEP_TOKENS
 
 def make(cls: type, folder: Path | None):
     if folder is None:
-        os.environ.pop(budget_scheduler.CONTROL_DIR_ENV, None)
+        os.environ.pop(CONTROL_DIR_ENV, None)
     else:
-        os.environ[budget_scheduler.CONTROL_DIR_ENV] = str(folder)
+        os.environ[CONTROL_DIR_ENV] = str(folder)
     model = ModelConfig(
         model=str(local_models.resolve("tiny")), dtype="float32", max_model_len=40000
     )

@@ -47,11 +47,8 @@ from scheduler import step_budget
 from scheduler.step import PrefillChunk, StepBatch
 from scheduler.step_budget import BatchPrefill, InEngine, StepBudget, is_batch
 from serving.engine_site.control_channel import ControlChannel, Directive
+from serving.engine_site.control_files import CONTROL_DIR_ENV, CONTROL_FILE, STATUS_FILE
 from serving.engine_site.engine_status import EngineStatus, StepRecord
-
-CONTROL_DIR_ENV = "NIGHTSHIFT_CONTROL_DIR"
-CONTROL_FILE = "control.json"
-STATUS_FILE = "status.json"
 
 try:  # inside the engine, log through vLLM's logger so lines land in the replica's log
     from vllm.logger import init_logger

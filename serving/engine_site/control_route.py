@@ -27,6 +27,7 @@ from fastapi.responses import JSONResponse, Response
 
 from scheduler import control_document
 from scheduler.control_document import MAX_BYTES, ControlDocumentError
+from serving.engine_site.control_files import CONTROL_DIR_ENV, CONTROL_FILE, STATUS_FILE
 from serving.engine_site.engine_status import write_atomically
 
 CONTROL_PATH = "/nightshift/control"
@@ -58,7 +59,7 @@ def _authorized(request: Request) -> bool:
 
 
 def _folder() -> Path | None:
-    folder = os.environ.get("NIGHTSHIFT_CONTROL_DIR")
+    folder = os.environ.get(CONTROL_DIR_ENV)
     return Path(folder) if folder else None
 
 
@@ -74,7 +75,7 @@ async def control_route(request: Request, call_next):
         return JSONResponse({"error": "this replica has no control folder"}, status_code=503)
     if path == STATUS_PATH and request.method == "GET":
         try:
-            return Response((folder / "status.json").read_bytes(), media_type="application/json")
+            return Response((folder / STATUS_FILE).read_bytes(), media_type="application/json")
         except OSError:
             return JSONResponse({"error": "no status written yet"}, status_code=404)
     if path == CONTROL_PATH and request.method == "POST":
@@ -91,5 +92,5 @@ async def _take_control(request: Request, folder: Path) -> Response:
     except ControlDocumentError as exc:
         print(f"nightshift: control document over HTTP rejected: {exc}", file=sys.stderr)
         return JSONResponse({"error": str(exc)}, status_code=422)
-    write_atomically(folder / "control.json", doc.to_json())
+    write_atomically(folder / CONTROL_FILE, doc.to_json())
     return JSONResponse({"accepted": json.loads(doc.to_json())["seq"]})

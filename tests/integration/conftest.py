@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import socket
 from pathlib import Path
 
@@ -32,6 +33,15 @@ def _free(port: int) -> bool:
         except OSError:
             return False
     return True
+
+
+@contextlib.contextmanager
+def replica_of(config_path: Path, tmp_path_factory):
+    """One replica of `config_path`, in a state folder of its own, stopped on any exit."""
+    replicas = ReplicaSet(tmp_path_factory.mktemp("engines"))
+    config = load_engine_config(config_path)
+    with replicas.running(config, str(config_path), free_port_block(1)) as started:
+        yield started[0]
 
 
 @pytest.fixture(scope="session")

@@ -21,11 +21,10 @@ import pytest
 
 from serving import engine_control
 from serving.client import StreamingClient
-from serving.engine_config import load_engine_config
-from serving.launcher import ReplicaSet
 from serving.metrics import Histogram, histogram_delta, histogram_quantile
+from serving.plugin_sensor import status_histogram
 from serving.replica_targets import latency_model_for
-from tests.integration.conftest import free_port_block
+from tests.integration.conftest import replica_of
 
 REPO = Path(__file__).resolve().parents[2]
 SMALL = REPO / "engine_configs" / "cpu-small.yaml"
@@ -35,9 +34,8 @@ CHAT_STREAMS = 4
 
 @pytest.fixture(scope="module")
 def replica(tmp_path_factory):
-    replicas = ReplicaSet(tmp_path_factory.mktemp("engines"))
-    with replicas.running(load_engine_config(SMALL), str(SMALL), free_port_block(1)) as started:
-        yield started[0]
+    with replica_of(SMALL, tmp_path_factory) as started:
+        yield started
 
 
 def target_of(replica) -> engine_control.ControlTarget:
@@ -61,8 +59,7 @@ def status_after_load(replica) -> dict:
 
 
 def chat_gaps(doc: dict) -> Histogram:
-    h = doc["chat_itl_seconds"]
-    return Histogram((*h["bounds"], float("inf")), tuple(h["cumulative"]), h["count"], h["sum"])
+    return status_histogram(doc, "chat_itl_seconds")
 
 
 def set_budget(replica, target_ms: float = 0.0, pause: bool = False, ttl_s: float = 600) -> float:

@@ -17,10 +17,9 @@ from pipelines.gate import GateActor
 from scheduler.slo import SLO
 from serving.engine_config import load_engine_config
 from serving.engine_control import ControlTarget, read_status
-from serving.launcher import ReplicaSet
 from serving.metrics import histogram_delta, histogram_quantile
 from serving.plugin_sensor import status_histogram
-from tests.integration.conftest import free_port_block
+from tests.integration.conftest import replica_of
 from tests.integration.test_engine_plugin import BATCH_TOKENS, chat_for
 
 REPO = Path(__file__).resolve().parents[2]
@@ -32,9 +31,8 @@ RUN_S = 40.0
 
 @pytest.fixture(scope="module")
 def replica(tmp_path_factory):
-    replicas = ReplicaSet(tmp_path_factory.mktemp("engines"))
-    with replicas.running(load_engine_config(SMALL), str(SMALL), free_port_block(1)) as started:
-        yield started[0]
+    with replica_of(SMALL, tmp_path_factory) as started:
+        yield started
 
 
 async def batch_worker(gate: GateActor, replica, seed: int, deadline: float) -> int:
