@@ -460,7 +460,10 @@ async def test_runs_whose_decoders_ended_early_are_dropped_with_a_note() -> None
         samples = await calibrator.measure()
     await http.aclose()
     assert {s.batch.decode_seqs for s in samples if s.batch.prefills} == {0}
-    assert calibrator.notes == [
+    # Only the dropped runs are this test's concern: on a loaded host the fake's 64-token chunk
+    # can vanish into timing noise and earn a note of its own, which is right but beside the point.
+    dropped = [note for note in calibrator.notes if "run dropped" in note]
+    assert dropped == [
         f"chunks at p={p} beside B=1: run dropped, a decoding stream ended early (x2)"
         for p in (0, 640)
     ]
