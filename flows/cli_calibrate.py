@@ -167,7 +167,9 @@ def _prior(config: EngineConfig) -> LatencyModel | None:
     return step_model(config, None)
 
 
-def _measure(url: str, config: EngineConfig, plan: SweepPlan, seed: int) -> CalibrationResult:
+def _measure(
+    url: str, config: EngineConfig, plan: SweepPlan, seed: int, engine_steps: Path | None = None
+) -> CalibrationResult:
     from serving.calibration import calibrate, prompt_vocab
 
     start = time.monotonic()
@@ -177,7 +179,7 @@ def _measure(url: str, config: EngineConfig, plan: SweepPlan, seed: int) -> Cali
 
     return asyncio.run(
         calibrate(url, config.model.served_name, plan, prompt_vocab(config), _prior(config),
-                  seed, progress)
+                  seed, progress, engine_steps)
     )  # fmt: skip
 
 
@@ -190,16 +192,27 @@ def _measure_own_replica(
     state_dir: Path,
     timeout_s: float,
 ) -> CalibrationResult:
-    from serving.launcher import EngineStartError, ReplicaSet
+    from serving.engine_site.step_log import STEP_LOG_ENV
+    from serving.launcher import EngineStartError, ReplicaSet, uses_plugin
     from serving.paths import SetupError
 
     port = port if port is not None else _free_port()
     typer.echo(f"starting {config.name} on port {port} (stopped when calibration ends)", err=True)
+    # A replica with the plug-in times its own steps: the fit then sees them without the
+    # request overhead that timing from outside adds (serving/engine_site/step_log.py).
+    steps = state_dir / f"{config.name}-{port}.steps.jsonl" if uses_plugin(config) else None
+    if steps is not None:
+        state_dir.mkdir(parents=True, exist_ok=True)
+        steps.unlink(missing_ok=True)
     try:
         with ReplicaSet(state_dir).running(
-            config, str(config_path), port, timeout_s=timeout_s
+            config,
+            str(config_path),
+            port,
+            timeout_s=timeout_s,
+            extra_env={STEP_LOG_ENV: str(steps.resolve())} if steps else None,
         ) as started:
-            return _measure(started[0].base_url, config, plan, seed)
+            return _measure(started[0].base_url, config, plan, seed, steps)
     except (SetupError, EngineStartError) as exc:
         raise fail(str(exc)) from None
 

@@ -305,12 +305,26 @@ async def calibrate(
     prior: LatencyModel | None = None,
     seed: int = 0,
     progress: Progress | None = None,
+    engine_steps: Path | None = None,
 ) -> CalibrationResult:
-    """Measure the replica at `base_url` along `plan` and fit the latency model to what it saw."""
+    """Measure the replica at `base_url` along `plan` and fit the latency model to what it saw.
+
+    With `engine_steps`, the replica's own step log (`serving/engine_site/step_log.py`, written by
+    the plug-in), the fit is to the steps as the engine timed them: every step the sweep caused,
+    its composition exact, no request overhead in it. The sweep's own timings from outside are
+    then only a check that the sweep ran."""
     start, load_before = time.monotonic(), os.getloadavg()[0]
+    logged_before = _line_count(engine_steps) if engine_steps is not None else 0
     async with StreamingClient(base_url, served_model, run_id="calibrate", config=CLIENT) as client:
         calibrator = Calibrator(client, plan, vocab, seed, progress)
         samples, notes = await calibrator.measure(), calibrator.notes
+    if engine_steps is not None:
+        outside = len(samples)
+        samples = read_samples(engine_steps)[logged_before:]
+        notes.append(
+            f"fitted to the {len(samples)} steps the engine timed itself "
+            f"({outside} timed from outside by the sweep)"
+        )
     if len(samples) < MIN_SAMPLES:
         raise CalibrationError(
             f"only {len(samples)} engine steps could be timed (need {MIN_SAMPLES}): "
@@ -321,6 +335,14 @@ async def calibrate(
     result.host_load = {"before": load_before, "after": os.getloadavg()[0], "cpus": os.cpu_count()}
     result.wall_s = time.monotonic() - start
     return result
+
+
+def _line_count(path: Path) -> int:
+    try:
+        with open(path, "rb") as f:
+            return sum(1 for line in f if line.strip())
+    except FileNotFoundError:
+        return 0
 
 
 def refit(path: str | Path, prior: LatencyModel | None = None) -> CalibrationResult:

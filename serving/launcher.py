@@ -114,11 +114,14 @@ PLUGIN_PACKAGE = "serving.engine_site."
 CONTROL_MIDDLEWARE = "serving.engine_site.control_route.control_route"
 
 
+def uses_plugin(config: EngineConfig) -> bool:
+    """Whether the config's `scheduler-cls` is the engine plug-in."""
+    return str(config.flag("scheduler-cls", "")).startswith(PLUGIN_PACKAGE)
+
+
 def plugin_flags(config: EngineConfig) -> list[str]:
     """The control route on the replica's own port, for a config that selects the plug-in."""
-    if str(config.flag("scheduler-cls", "")).startswith(PLUGIN_PACKAGE):
-        return ["--middleware", CONTROL_MIDDLEWARE]
-    return []
+    return ["--middleware", CONTROL_MIDDLEWARE] if uses_plugin(config) else []
 
 
 def port_in_use(host: str, port: int) -> bool:
@@ -158,6 +161,7 @@ class ReplicaSet:
         host: str = "127.0.0.1",
         timeout_s: float = 300.0,
         tie_to_caller: bool = False,
+        extra_env: Mapping[str, str] | None = None,
     ) -> list[Replica]:
         """Start `count` replicas on consecutive ports and wait until all answer /health.
 
@@ -177,7 +181,9 @@ class ReplicaSet:
         started: list[Replica] = []
         try:
             for p in ports:
-                started.append(self._spawn(config, config_path, argv[p], host, p, tie_to_caller))
+                started.append(
+                    self._spawn(config, config_path, argv[p], host, p, tie_to_caller, extra_env)
+                )
             for r in started:
                 wait_healthy(r, timeout_s)
                 warm_up(r, int(config.flag("max-num-batched-tokens", 512)))
@@ -194,6 +200,7 @@ class ReplicaSet:
         host: str,
         port: int,
         tie_to_caller: bool = False,
+        extra_env: Mapping[str, str] | None = None,
     ) -> Replica:
         name = f"{config.name}-{port}"
         log = self.state_dir / f"{name}.log"
@@ -205,7 +212,12 @@ class ReplicaSet:
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
-                env={**os.environ, **engine_env(config, os.environ), CONTROL_DIR_ENV: str(control)},
+                env={
+                    **os.environ,
+                    **engine_env(config, os.environ),
+                    **(extra_env or {}),
+                    CONTROL_DIR_ENV: str(control),
+                },
                 process_group=0,
                 preexec_fn=_die_with_parent if tie_to_caller and _on_main_thread() else None,
             )
@@ -242,10 +254,17 @@ class ReplicaSet:
         port: int,
         count: int = 1,
         timeout_s: float = 300.0,
+        extra_env: Mapping[str, str] | None = None,
     ) -> Iterator[list[Replica]]:
         """Replicas that exist for the duration of a `with` block, stopped on any exit."""
         replicas = self.up(
-            config, config_path, port, count, timeout_s=timeout_s, tie_to_caller=True
+            config,
+            config_path,
+            port,
+            count,
+            timeout_s=timeout_s,
+            tie_to_caller=True,
+            extra_env=extra_env,
         )
         try:
             yield replicas

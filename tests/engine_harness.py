@@ -29,6 +29,7 @@ from vllm.v1.structured_output import StructuredOutputManager
 from serving import engine_control, local_models
 from serving.engine_site import budget_scheduler
 from serving.engine_site.control_files import CONTROL_DIR_ENV
+from serving.engine_site.step_log import STEP_LOG_ENV
 from tests.budget_fixtures import BATCH_PROMPT, BLOCK, CHAT_PROMPT, MODEL, STEP_TOKENS, TARGET_MS
 
 BUDGET = STEP_TOKENS
@@ -209,6 +210,17 @@ def case_canary(folder: Path) -> dict:
     if order != [0, 5, 10]:
         problems.append(f"iterating the waiting queue gives priorities {order}, not in order")
     return {"vllm": vllm.__version__, "problems": problems}
+
+
+def case_step_log(folder: Path) -> dict:
+    """The chat-mid-prefill scenario with the step log on: what the log holds beside what ran."""
+    log = folder / "steps.jsonl"
+    os.environ[STEP_LOG_ENV] = str(log)
+    try:
+        steps = chat_arrives_mid_prefill(budget_scheduler.BudgetScheduler, folder, TARGET_MS)
+    finally:
+        del os.environ[STEP_LOG_ENV]
+    return {"steps": steps, "log": [json.loads(line) for line in log.read_text().splitlines()]}
 
 
 def _status(s, folder: Path) -> dict:

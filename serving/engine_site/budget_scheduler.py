@@ -49,6 +49,7 @@ from scheduler.step_budget import BatchPrefill, InEngine, StepBudget, is_batch
 from serving.engine_site.control_channel import ControlChannel, Directive
 from serving.engine_site.control_files import CONTROL_DIR_ENV, CONTROL_FILE, STATUS_FILE
 from serving.engine_site.engine_status import EngineStatus, StepRecord
+from serving.engine_site.step_log import STEP_LOG_ENV, StepLog
 
 try:  # inside the engine, log through vLLM's logger so lines land in the replica's log
     from vllm.logger import init_logger
@@ -74,7 +75,12 @@ class _Plugin:
         self.budget: StepBudget | None = None
         self.pending: deque[tuple[float, StepRecord]] = deque()
         self.last_update = 0.0
+        self.step_started = 0.0
         self.last_token: dict[str, float] = {}
+        log = os.environ.get(STEP_LOG_ENV)
+        self.step_log = StepLog(log) if log else None
+        if log:
+            _info("nightshift plug-in: recording every step to %s", log)
         if folder is None:
             _warn("nightshift plug-in: %s not set, so no control document: stock scheduling",
                   CONTROL_DIR_ENV)  # fmt: skip
@@ -103,6 +109,7 @@ class _Plugin:
     # -- before vLLM schedules: the chat reservation and this step's budget --------------------
 
     def begin_step(self, sched) -> None:
+        self.step_started = time.monotonic()
         self.budget = None
         self.directive = self.channel.directive() if self.channel else None
         d = self.directive
@@ -138,10 +145,19 @@ class _Plugin:
                 chunks.append(PrefillChunk(n, before))
                 rec.batch_prefill += n if batch else 0
                 rec.chat_prefill += 0 if batch else n
+        rec.step = StepBatch(tuple(chunks), decodes, context)
         if self.directive is not None:
-            step = StepBatch(tuple(chunks), decodes, context)
-            rec.predicted_s = self.directive.model.step_seconds(step)
-        self.pending.append((time.monotonic(), rec))
+            rec.predicted_s = self.directive.model.step_seconds(rec.step)
+        self.pending.append((self.step_started, rec))
+
+    def log_step(self, step: StepBatch, seconds: float) -> None:
+        """Record the step; a log that fails (disk full) ends, the status and chat gaps go on."""
+        prefills = [(c.tokens, c.prefix_tokens) for c in step.prefills]
+        try:
+            self.step_log.record(prefills, step.decode_seqs, step.decode_context_tokens, seconds)
+        except (OSError, ValueError) as exc:
+            self.step_log = None
+            self.once("step log", exc)
 
     def chat_counts(self, sched, output) -> list[tuple[object, int]]:
         reqs = (sched.requests.get(rid) for rid in output.num_scheduled_tokens)
@@ -152,8 +168,13 @@ class _Plugin:
     def updated(self, sched, chat_before: list[tuple[object, int]]) -> None:
         now, wall = time.monotonic(), time.time()
         if self.pending:
-            t_sched, rec = self.pending.popleft()
-            self.status.step(rec, now - max(t_sched, self.last_update))
+            started, rec = self.pending.popleft()
+            # From the start of this step's scheduling, or from the last output where steps
+            # overlap (the asynchronous scheduler plans step n+1 while step n runs).
+            seconds = now - max(started, self.last_update)
+            self.status.step(rec, seconds)
+            if self.step_log is not None and rec.step is not None and _has_work(rec.step):
+                self.log_step(rec.step, seconds)
         self.last_update = now
         for req, count in chat_before:
             if req.num_output_tokens <= count:
@@ -169,6 +190,12 @@ class _Plugin:
         if self.status.maybe_write(now, self.control_fields()):
             for rid in [r for r in self.last_token if r not in sched.requests]:
                 del self.last_token[rid]
+
+
+def _has_work(step: StepBatch) -> bool:
+    """vLLM also runs steps that schedule no token (requests waiting on KV or finishing); they
+    time the loop, not the model, and are no sample of it."""
+    return bool(step.prefills or step.decode_seqs)
 
 
 def chat_reservation(sched) -> tuple[StepBatch, int]:

@@ -91,6 +91,8 @@ class StepRecord:
     predicted_s: float | None = None
     scheduled_at: float = 0.0
     """Wall time the step was scheduled."""
+    step: object | None = None
+    """The step's composition (`scheduler.step.StepBatch`), for the step log."""
 
 
 class EngineStatus:

@@ -19,7 +19,16 @@ from simulator.entities import BATCH_PRIORITY, CHAT_PRIORITY, Request, Segment
 from simulator.kv_cache import KVCache
 from tests.budget_fixtures import BATCH_PROMPT, BLOCK, CHAT_PROMPT, MODEL, STEP_TOKENS, TARGET_MS
 
-CASES = ["canary", "stock_vs_inert", "target", "change", "expiry", "malformed", "garbage_first"]
+CASES = [
+    "canary",
+    "stock_vs_inert",
+    "target",
+    "change",
+    "expiry",
+    "malformed",
+    "garbage_first",
+    "step_log",
+]
 
 
 @pytest.fixture(scope="module")
@@ -80,6 +89,23 @@ def test_garbage_before_any_valid_document_leaves_the_engine_stock(seen):
     g = seen["garbage_first"]
     assert [s["batch"] for s in g["steps"]] == [512, 512]
     assert g["status"]["state"] == "inert" and g["status"]["rejected"] == 1
+
+
+def test_the_step_log_holds_every_step_as_scheduled_in_the_samples_format(seen, tmp_path):
+    from serving.step_samples import read_samples
+
+    ran, log = seen["step_log"]["steps"], seen["step_log"]["log"]
+    assert len(log) == len(ran)
+    path = tmp_path / "steps.jsonl"
+    path.write_text("".join(json.dumps(row) + "\n" for row in log))
+    for scheduled, sample in zip(ran, read_samples(path), strict=True):
+        batch = sample.batch
+        assert sum(c.tokens for c in batch.prefills) + batch.decode_seqs == sum(scheduled.values())
+        assert sample.seconds > 0
+    samples = read_samples(path)
+    second = samples[1].batch.prefills
+    assert [(c.tokens, c.prefix_tokens) for c in second] == [(ran[1]["batch"], ran[0]["batch"])]
+    assert [c.tokens for c in samples[3].batch.prefills] == [ran[3]["chat"]]
 
 
 def test_canary_the_vllm_internals_the_plugin_relies_on_are_unchanged(seen):
