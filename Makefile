@@ -47,7 +47,7 @@ $(ENGINE_VENV)/.installed: $(ENGINE_LOCK) pyproject.toml
 	touch $@
 
 models: engine-venv
-	$(ENGINE_VENV)/bin/python -m serving.local_models build tiny small
+	$(ENGINE_VENV)/bin/python -m serving.local_models build tiny small long
 
 # The Prometheus sensor's integration test starts a real server on loopback (Debian's package).
 prometheus:

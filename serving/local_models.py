@@ -90,7 +90,7 @@ RECIPES: dict[str, ModelRecipe] = {
     # around 70B allows (1.95x). A decode step on H100s is mostly the read of all weights, hidden
     # under a prefill chunk's compute; here it is mostly fixed overhead, which every step pays. A
     # 48k vocabulary (reserved tokens) adds an lm_head read to each step at no prefill FLOPs, and
-    # brings a shallow 512-token chunk to ~2 decode steps (docs/results-long-model.md).
+    # brings a shallow 512-token chunk to ~2 decode steps (docs/results.md, "The `long` stand-in model").
     "long": ModelRecipe(
         layers=1,
         hidden=512,
