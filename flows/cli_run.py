@@ -45,11 +45,13 @@ def run(
     """Run the nightly summarization now and print the run id."""
     from flows.nightly import default_pipeline, nightly_summarization
     from scheduler.slo import SLO
-    from serving.replica_targets import fit_path
+    from serving.replica_targets import ReplicaLookupError, configured_fit
 
     config = load_config_or_exit(engine_config)
-    fit = fit_path(engine_config, config.name)
-    latency_model = latency_model or (fit if fit.is_file() else None)
+    try:
+        latency_model = latency_model or configured_fit(engine_config, config)
+    except ReplicaLookupError as exc:
+        raise fail(str(exc)) from None
     _check_inputs(corpus, config, replica_url or [], run_id, results, policy, latency_model)
     slo = SLO(
         **{

@@ -187,10 +187,10 @@ def _init_ray():
 
 def _start_gate(spec: JobSpec, engine: EngineConfig):
     from pipelines.gate import start_gate
-    from serving.replica_targets import control_targets, fit_path
+    from serving.replica_targets import configured_fit, control_targets
 
-    fit = fit_path(spec.engine_config, engine.name)
-    latency_model = spec.latency_model or (str(fit) if fit.is_file() else None)
+    fit = None if spec.latency_model else configured_fit(spec.engine_config, engine)
+    latency_model = spec.latency_model or (str(fit) if fit else None)
 
     # ITL from the engine's histogram even where chat streams its gaps to the Gate: that is what
     # the run's SLO windows are judged by (sql/slo_windows.sql), and client gaps carry host noise.

@@ -80,6 +80,13 @@ class EngineConfig(BaseModel):
     hardware: HardwareSection = Field(default_factory=HardwareSection)
     vllm: dict[str, FlagValue] = Field(default_factory=dict, description="Engine flags.")
     env: dict[str, str] = Field(default_factory=dict, description="Engine environment variables.")
+    latency_fit: str | None = Field(
+        None,
+        description="The latency fit the engine plug-in and the controller price steps with "
+        "(`nightshift calibrate` writes one), relative to this file; default "
+        "`fits/<name>.json`. `run`, `engine budget` and the Prefect flow take it unless "
+        "`--latency-model` is given.",
+    )
     controller: BudgetControllerConfig | None = Field(
         None,
         description="SLO controller tuning for this replica class (keys of "
@@ -155,10 +162,11 @@ def load_engine_config(path: str | Path) -> EngineConfig:
     try:
         return EngineConfig.model_validate(raw)
     except ValidationError as exc:
-        raise EngineConfigError(_describe(path, exc)) from None
+        raise EngineConfigError(describe_errors(path, exc)) from None
 
 
-def _describe(path: Path, exc: ValidationError) -> str:
+def describe_errors(path: Path, exc: ValidationError) -> str:
+    """One line per problem, naming the file and the key."""
     lines = [f"{path}: invalid engine config"]
     for err in exc.errors():
         key = ".".join(str(p) for p in err["loc"]) or "(top level)"
