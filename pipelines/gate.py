@@ -53,6 +53,7 @@ from scheduler.slo import SLO
 from scheduler.step import StepTimeModel
 from serving import engine_control
 from serving.engine_control import ControlError, ControlTarget
+from serving.replica_auth import ReplicaAuth
 from serving.sensors import Sensor, StreamedTimingsSensor
 
 log = logging.getLogger("nightshift.gate")
@@ -124,6 +125,7 @@ class GateActor:
         engine_flags: Mapping[str, Any] | None = None,
         budget: tuple[int, float] = (4, 40.0),
         control_targets: Mapping[str, ControlTarget] | None = None,
+        auth: ReplicaAuth | None = None,
     ) -> None:
         self.run_id = run_id
         self.replicas = {name: _Replica(name, url) for name, url in replicas}
@@ -144,9 +146,11 @@ class GateActor:
         self.streamed = StreamedTimingsSensor(self.replicas, window_s=sensor_window_s(sensor))
         urls = {r.name: r.base_url for r in self.replicas.values()}
         self.plugin = plugin_sensor(control_targets, sensor)
-        self.sensor = build_sensor(sensor, urls, self.streamed, self.plugin)
+        headers = (auth or ReplicaAuth()).http_headers()
+        self.sensor = build_sensor(sensor, urls, self.streamed, self.plugin, headers)
         self.interval_s = interval_s
         self.metrics = GateMetrics()
+        self.metrics.set_slo(self.slo)
         self.metrics_port = self.metrics.serve(metrics_port) if metrics_port is not None else None
         self._rows: list[dict] = []
         self._ids = itertools.count(1)
@@ -269,6 +273,10 @@ class GateActor:
         rows = self.plugin.step_rows if self.plugin is not None else []
         return [{"run_id": self.run_id, **row} for row in rows]
 
+    async def metrics_text(self) -> bytes:
+        """The Gate's series in Prometheus's text format: a run serves them on its own port."""
+        return self.metrics.exposition()
+
     async def stats(self) -> dict:
         return {
             **self._counts,
@@ -301,6 +309,8 @@ class GateActor:
             for row in self.plugin.step_rows[self._steps_exported :]:
                 self.metrics.record_steps(row)
             self._steps_exported = len(self.plugin.step_rows)
+            for name, doc in self.plugin.latest.items():
+                self.metrics.record_status(name, doc)
         self._counts["polls"] += 1
         async with self._cond:
             self._cond.notify_all()

@@ -10,6 +10,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
+import httpx
+
 from scheduler.admission import AdmissionPolicy, FixedBudget, NoAdmissionControl, StaticCaps
 from scheduler.budget_controller import BudgetController, BudgetControllerConfig
 from scheduler.latency_model import LatencyModel
@@ -17,6 +19,7 @@ from scheduler.slo import SLO
 from scheduler.step import StepTimeModel
 from serving.engine_control import ControlTarget
 from serving.plugin_sensor import PluginStatusSensor
+from serving.prometheus_selectors import DEFAULT_SELECTOR, check_template, replica_selectors
 from serving.sensors import (
     MergedSensor,
     PrometheusSensor,
@@ -77,10 +80,11 @@ def build_sensor(
     replicas: Mapping[str, str],
     streamed: StreamedTimingsSensor,
     plugin: PluginStatusSensor | None = None,
+    headers: Mapping[str, str] | None = None,
 ) -> Sensor:
     """`engine_sensor(...)`, with chat latency and step ratios taken first from the replicas'
     engine plug-in (`plugin`) wherever it has measured them: chat's own numbers."""
-    sensor = engine_sensor(spec, replicas, streamed)
+    sensor = engine_sensor(spec, replicas, streamed, headers)
     return sensor if plugin is None else MergedSensor(sensor, plugin)
 
 
@@ -92,10 +96,15 @@ def plugin_sensor(
 
 
 def engine_sensor(
-    spec: Mapping[str, Any] | Sensor, replicas: Mapping[str, str], streamed: StreamedTimingsSensor
+    spec: Mapping[str, Any] | Sensor,
+    replicas: Mapping[str, str],
+    streamed: StreamedTimingsSensor,
+    headers: Mapping[str, str] | None = None,
 ) -> Sensor:
     """A sensor from a spec: `{"kind": "vllm", "report_ttft": bool}`, `{"kind": "prometheus",
-    "url": ..., "range": "1m"}`, `{"kind": "streamed"}`, or any Sensor object. Engine sensors are
+    "url": ..., "selector": 'instance="{instance}"', "range": "1m"}` (the selector a template
+    filled in per replica, `serving.prometheus_selectors`; the range by default `window_s`),
+    `{"kind": "streamed"}`, or any Sensor object. Engine sensors are
     merged with the streamed timings that `release` and `report` feed, for exact chat latency.
 
     Two more keys apply to `vllm`: `window_s` makes its p99s (and the streamed ones) span that many
@@ -109,11 +118,23 @@ def engine_sensor(
         return streamed
     if kind == "vllm":
         state = VllmMetricsSensor(
-            replicas, report_ttft=spec.get("report_ttft", True), window_s=spec.get("window_s")
+            replicas,
+            client=httpx.AsyncClient(headers=dict(headers)) if headers else None,
+            report_ttft=spec.get("report_ttft", True),
+            window_s=spec.get("window_s"),
         )
         return MergedSensor(state, streamed, itl_from_state=spec.get("itl") == "engine")
-    state = PrometheusSensor(spec["url"], replicas, range_=spec.get("range", "1m"))
+    state = PrometheusSensor(
+        spec["url"],
+        replica_selectors(spec.get("selector", DEFAULT_SELECTOR), replicas.items()),
+        range_=spec.get("range") or prometheus_range(spec.get("window_s")),
+    )
     return MergedSensor(state, streamed)
+
+
+def prometheus_range(window_s: float | None) -> str:
+    """The rate() range of the Prometheus sensor: the SLO's window, the span the SLO judges."""
+    return "1m" if window_s is None else f"{window_s:g}s"
 
 
 def sensor_window_s(spec: Mapping[str, Any] | Sensor | None) -> float | None:
@@ -131,6 +152,8 @@ def check_sensor_spec(spec: Mapping[str, Any] | Sensor) -> str:
         raise ValueError(f"unknown sensor kind {kind!r}; use 'vllm', 'prometheus' or 'streamed'")
     if kind == "prometheus" and "url" not in spec:
         raise ValueError("sensor kind 'prometheus' needs 'url', the Prometheus server's base URL")
+    if kind == "prometheus":
+        check_template(spec.get("selector", DEFAULT_SELECTOR))
     if spec.get("itl", "streamed") not in ("streamed", "engine"):
         raise ValueError(f"sensor 'itl' {spec['itl']!r}: use 'streamed' or 'engine'")
     window = spec.get("window_s")

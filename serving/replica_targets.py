@@ -80,7 +80,10 @@ def resolve_target(
 
 
 def control_targets(
-    replicas: Iterable[tuple[str, str]], state_dir: str | Path, api_key: str | None = None
+    replicas: Iterable[tuple[str, str]],
+    state_dir: str | Path,
+    api_key: str | None = None,
+    headers: tuple[tuple[str, str], ...] = (),
 ) -> dict[str, ControlTarget]:
     """Where each (name, url) replica takes its control document: the control folder of a
     replica recorded under `state_dir`, else its control route."""
@@ -91,7 +94,7 @@ def control_targets(
         if found is not None:
             out[name] = ControlTarget(name, folder=found.control_dir, base_url=found.base_url)
         else:
-            out[name] = ControlTarget(name, base_url=url, api_key=api_key)
+            out[name] = ControlTarget(name, base_url=url, api_key=api_key, headers=headers)
     return out
 
 
