@@ -184,6 +184,16 @@ def nightly_summarization(
         loaded = load_warehouse(results, run_id)
         report = publish_report(results, run_id)
         night.value = "partial" if job.docs_stopped else "success"
+    log.info(
+        "run %s %s: %d done, %d failed, %d skipped, %d already done, %d left",
+        run_id,
+        night.value,
+        job.docs_done,
+        job.docs_failed,
+        job.docs_skipped,
+        job.docs_already_done,
+        job.docs_stopped,
+    )
     if job.docs_stopped:
         log.warning(
             "run %s is partial: %d documents left at the deadline; rerun with the same run id "

@@ -215,7 +215,9 @@ def exported_names() -> set[str]:
 
 def test_every_metric_named_in_deploy_is_exported_by_the_code() -> None:
     texts = [expr for _, expr in dashboard_exprs()] + [r["expr"] for r in rules()]
-    texts += [v["query"]["query"] for v in dashboard()["templating"]["list"] if v["type"] == "query"]
+    texts += [
+        v["query"]["query"] for v in dashboard()["templating"]["list"] if v["type"] == "query"
+    ]
     named = {m for text in texts for m in re.findall(r"\bnightshift_[a-z0-9_]+", text)}
     missing = sorted(named - exported_names())
     assert not missing, f"named in deploy/ but exported by nothing: {missing}"
