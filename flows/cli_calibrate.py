@@ -149,12 +149,12 @@ def _plan(config: EngineConfig, quick: bool, repeats: int | None) -> SweepPlan:
 
 def _kv_capacity(config: EngineConfig) -> int | None:
     """The simulator's KV pool size for this config; None when the config names no model spec."""
-    from flows.cli_simulate import SimulateError, kv_capacity
     from scheduler.specs import SpecError
+    from serving.engine_profile import ProfileError, kv_capacity
 
     try:
         return kv_capacity(config)
-    except (SimulateError, SpecError):
+    except (ProfileError, SpecError):
         return None
 
 
@@ -162,7 +162,7 @@ def _prior(config: EngineConfig) -> LatencyModel | None:
     """The roofline prior on GPUs: it fills in terms a sweep cannot excite; CPUs have none."""
     if config.hardware.kind != "gpu" or config.hardware.gpu_type is None or not config.model.spec:
         return None
-    from flows.cli_simulate import step_model
+    from serving.engine_profile import step_model
 
     return step_model(config, None)
 

@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import contextlib
-import socket
 from collections.abc import Iterator
 from urllib.parse import urlparse
 
 import httpx
 
 from serving.engine_config import EngineConfig
-from serving.launcher import ReplicaSet
+from serving.launcher import ReplicaSet, free_port
 
 
 class ReplicaUnreachable(RuntimeError):
@@ -38,18 +37,6 @@ def check_replica(url: str, served_model: str, timeout_s: float = 5.0) -> str:
     return f"{parsed.hostname}:{parsed.port}"
 
 
-def free_port(start: int = 8000) -> int:
-    """The first free port from `start` (for replicas a run starts)."""
-    for port in range(start, start + 1000):
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port))
-                return port
-            except OSError:
-                continue
-    raise RuntimeError(f"no free port in {start}..{start + 999}")
-
-
 @contextlib.contextmanager
 def replicas_for_run(
     config: EngineConfig,
@@ -64,5 +51,7 @@ def replicas_for_run(
     if urls:
         yield [(check_replica(u, config.model.served_name), u.rstrip("/")) for u in urls]
         return
-    with ReplicaSet(state_dir).running(config, config_path, port or free_port(), count) as started:
+    with ReplicaSet(state_dir).running(
+        config, config_path, port or free_port(count=count), count
+    ) as started:
         yield [(r.name, r.base_url) for r in started]

@@ -8,11 +8,17 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
-from scheduler.admission import AdmissionPolicy, FixedBudget, NoAdmissionControl, StaticCaps
-from scheduler.budget_controller import BudgetController, BudgetControllerConfig
+from scheduler.admission import AdmissionPolicy
+from scheduler.budget_controller import BudgetControllerConfig
 from scheduler.latency_model import LatencyModel
+from scheduler.policy_factory import (
+    PolicyChoice,
+    PolicyName,
+    check_policy_name,
+    make_policy,
+)
 from scheduler.slo import SLO
 from scheduler.step import StepTimeModel
 from serving.engine_control import ControlTarget
@@ -25,12 +31,6 @@ from serving.sensors import (
     VllmMetricsSensor,
 )
 
-PolicyName = Literal["slo", "budget", "static", "none"]
-POLICIES = ("none", "static", "budget", "slo")
-"""`none`: stock engine, batch at full concurrency; `static`: stock engine, fixed seats (sections
-are the job's); `budget`: the engine plug-in at a fixed batch step target and fixed seats;
-`slo`: the plug-in driven by the SLO controller."""
-
 
 def build_policy(
     policy: PolicyName,
@@ -41,21 +41,16 @@ def build_policy(
     engine_flags: Mapping[str, Any] | None = None,
     budget: tuple[int, float] = (4, 40.0),
 ) -> AdmissionPolicy:
-    """The admission policy a Gate runs: the SLO controller, or a baseline for comparison.
+    """The admission policy a Gate runs, built by `scheduler.policy_factory` like the simulator's.
 
     `engine_flags` are the replicas' engine config `vllm:` flags: the controller leaves chat its
     share of their `max-num-seqs`. `budget` is (seats, batch step target ms) of policy `budget`."""
-    if policy == "none":
-        return NoAdmissionControl()
-    if policy == "static":
-        return StaticCaps(*static_caps)
-    if policy == "budget":
-        return FixedBudget(*budget)
-    if policy != "slo":
-        raise ValueError(f"unknown policy {policy!r}; use one of {', '.join(POLICIES)}")
-    model = load_latency_model(policy, latency_model)
+    check_policy_name(policy)
+    seats = budget[0] if policy == "budget" else static_caps[0]
+    choice = PolicyChoice(policy, seats, static_caps[1], budget[1])
+    model = load_latency_model(policy, latency_model) if policy == "slo" else None
     slots = (engine_flags or {}).get("max-num-seqs")
-    return BudgetController(slo, model, controller, int(slots) if slots else None)
+    return make_policy(choice, slo, model, controller, int(slots) if slots else None)
 
 
 def load_latency_model(

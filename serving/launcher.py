@@ -124,6 +124,23 @@ def plugin_flags(config: EngineConfig) -> list[str]:
     return ["--middleware", CONTROL_MIDDLEWARE] if uses_plugin(config) else []
 
 
+DEFAULT_PORT = 8000
+"""Where every command that starts replicas starts them: `engine up` on this port, the others on
+the first free run of ports from here, so two commands started side by side never collide."""
+
+
+class NoFreePort(RuntimeError):
+    """No run of free ports in the searched range; the message says which option picks one."""
+
+
+def free_port(start: int = DEFAULT_PORT, count: int = 1, host: str = "127.0.0.1") -> int:
+    """The first port from `start` with `count` consecutive free ports (for `count` replicas)."""
+    for port in range(start, start + 1000):
+        if not any(port_in_use(host, p) for p in range(port, port + count)):
+            return port
+    raise NoFreePort(f"no {count} free port(s) in {start}..{start + 999}; choose one with --port")
+
+
 def port_in_use(host: str, port: int) -> bool:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)

@@ -10,8 +10,9 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from flows.cli_simulate import parse_override, register
+from flows.cli_simulate import register
 from scheduler.latency_model import LatencyModel
+from serving.engine_profile import parse_assignment as parse_override
 from warehouse.run_files import read_meta
 
 CONFIGS = Path(__file__).resolve().parents[2] / "engine_configs"
