@@ -24,8 +24,6 @@ if TYPE_CHECKING:
     from serving.calibration_plan import SweepPlan
     from serving.engine_config import EngineConfig
 
-FIRST_PORT = 8300
-"""Where the search for a free port starts when the command launches its own replica."""
 COEFFICIENT_HELP = {
     "s_per_token": "a: matmul s per scheduled token",
     "s_weight_read": "b: s to stream the weights once",
@@ -69,7 +67,7 @@ def calibrate_command(
     ] = False,
     port: Annotated[
         int | None,
-        typer.Option(help=f"Port of the started replica (default: first free from {FIRST_PORT})."),
+        typer.Option(help="Port of the started replica (default: first free from 8000)."),
     ] = None,
     repeats: Annotated[
         int | None,
@@ -218,12 +216,12 @@ def _measure_own_replica(
 
 
 def _free_port() -> int:
-    from serving.launcher import port_in_use
+    from serving.launcher import NoFreePort, free_port
 
-    for port in range(FIRST_PORT, FIRST_PORT + 100):
-        if not port_in_use("127.0.0.1", port):
-            return port
-    raise fail(f"no free port in {FIRST_PORT}-{FIRST_PORT + 99}; pass --port")
+    try:
+        return free_port()
+    except NoFreePort as exc:
+        raise fail(str(exc)) from None
 
 
 def _check_replica(url: str, served_name: str) -> None:

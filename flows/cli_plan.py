@@ -1,17 +1,18 @@
 """`nightshift plan`: size a replica from model and GPU specs, and write its engine config.
 
 The arithmetic lives in `scheduler.planner`; this module turns options into a plan, prints it (a
-table, or JSON with `--json`), and renders the plan as an engine config the launcher accepts.
+table, or JSON with `--json PATH`, `-` for stdout), and renders the plan as an engine config the launcher accepts.
 """
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
 import typer
+
+from flows.cli_options import JsonOut, write_json
 
 if TYPE_CHECKING:
     from scheduler.planner import Plan
@@ -30,7 +31,7 @@ def register(app: typer.Typer) -> None:
 
 def plan_command(
     model: Annotated[str, typer.Option(help="Model spec name, e.g. llama-3.1-70b.")],
-    gpu: Annotated[str, typer.Option(help="GPU spec name, e.g. h100-sxm.")],
+    gpu: Annotated[str, typer.Option(help="GPU spec name, e.g. h100-sxm (or h100).")],
     gpus: Annotated[int, typer.Option(help="GPUs per replica (tensor parallel).")] = 1,
     weight_dtype: Annotated[str, typer.Option(help="bf16, fp16, fp8, int8 or int4.")] = "bf16",
     kv_dtype: Annotated[str, typer.Option(help="KV cache dtype: bf16, fp16, fp8, ...")] = "bf16",
@@ -63,7 +64,7 @@ def plan_command(
         float, typer.Option(help="Share of peak bandwidth for _est.")
     ] = 0.7,
     overhead_ms: Annotated[float, typer.Option(help="Fixed ms per engine step for _est.")] = 2.0,
-    json_out: Annotated[bool, typer.Option("--json", help="Print the plan as JSON.")] = False,
+    json_out: JsonOut = None,
     emit_engine_config: Annotated[
         Path | None, typer.Option(help="Write an engine config YAML for this plan to PATH.")
     ] = None,
@@ -93,9 +94,7 @@ def plan_command(
     except (SpecError, PlanError, ValueError) as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from None
-    if json_out:
-        typer.echo(json.dumps(result.to_dict(), indent=2))
-    else:
+    if not write_json(json_out, result.to_dict()):
         _print_table(result)
     if emit_engine_config is not None:
         typer.echo(f"wrote engine config {emit_engine_config}", err=True)

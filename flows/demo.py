@@ -19,7 +19,6 @@ FIT = Path("engine_configs/fits/cpu-small.json")
 CONFIG_FP32 = Path("engine_configs/cpu-small-fp32.yaml")
 FIT_FP32 = Path("engine_configs/fits/cpu-small-fp32.json")
 RESULTS = Path("results")
-PORT = 8000
 DOCS, MIN_TOKENS, MAX_TOKENS = 16, 1500, 8000
 CHAT_RATE, CHAT_SCALE, BASELINE_S = 1.0, 0.1, 20.0
 SECTION_TOKENS = 1024
@@ -41,7 +40,7 @@ def main() -> int:
     from pipelines.corpus_maker import CorpusSpec, make_corpus, write_corpus
     from scheduler.latency_model import LatencyModel
     from serving.engine_config import load_engine_config
-    from serving.launcher import ReplicaSet
+    from serving.launcher import ReplicaSet, free_port
     from serving.tokenizer import tokenizer_for
 
     config_path, fit_path = host_config()
@@ -51,9 +50,10 @@ def main() -> int:
     spec = CorpusSpec(docs=DOCS, min_tokens=MIN_TOKENS, max_tokens=MAX_TOKENS, seed=0)
     corpus = write_corpus(make_corpus(spec, tokenizer), RESULTS / "demo" / "corpus.parquet")
     print(f"corpus: {DOCS} documents of {MIN_TOKENS}-{MAX_TOKENS} tokens at {corpus}")
-    print(f"starting {config.name} on port {PORT} (about a minute) ...", flush=True)
+    port = free_port()
+    print(f"starting {config.name} on port {port} (about a minute) ...", flush=True)
     shape = ChatShape().scaled(CHAT_SCALE)
-    with ReplicaSet(RESULTS / "engines").running(config, str(config_path), PORT) as started:
+    with ReplicaSet(RESULTS / "engines").running(config, str(config_path), port) as started:
         replicas = [(r.name, r.base_url) for r in started]
         # This machine's SLO: 3x what chat alone gets here (a GPU fleet states its own, e.g.
         # 50 ms ITL p99); measured now, because a shared CPU's speed varies from run to run. ITL

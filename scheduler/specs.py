@@ -178,13 +178,25 @@ def model_spec(name: str) -> ModelSpec:
         ) from None
 
 
+GPU_ALIASES = {"h100": "h100-sxm", "a100": "a100-80gb"}
+"""Short names people type for the form factor the spec table prices by default."""
+
+
+def gpu_name(name: str) -> str:
+    """The spec table's name for `name`: itself, or the GPU its alias stands for."""
+    key = name.strip().lower()
+    return GPU_ALIASES.get(key, key)
+
+
 def gpu_spec(name: str) -> GpuSpec:
-    """The spec of GPU `name`; an unknown name raises `SpecError` listing the known ones."""
+    """The spec of GPU `name` (or an alias: `h100` is `h100-sxm`); an unknown name raises
+    `SpecError` listing the known ones."""
     try:
-        return _gpus()[name]
+        return _gpus()[gpu_name(name)]
     except KeyError:
         raise SpecError(
-            f"unknown GPU {name!r}; known GPUs: {', '.join(known_gpus())} (add one to {GPUS_FILE})"
+            f"unknown GPU {name!r}; known GPUs: {', '.join(known_gpus())} (aliases: "
+            f"{', '.join(f'{a} = {n}' for a, n in GPU_ALIASES.items())}; add one to {GPUS_FILE})"
         ) from None
 
 

@@ -33,7 +33,7 @@ import httpx
 from serving import cpu_features, local_models
 from serving.engine_config import EngineConfig, render_flags
 from serving.engine_site.control_files import CONTROL_DIR_ENV
-from serving.paths import engine_python
+from serving.paths import DEFAULT_PORT, engine_python
 
 ENGINE_MODULE = "vllm.entrypoints.openai.api_server"
 ENGINE_SITE = Path(__file__).resolve().parent / "engine_site"
@@ -122,11 +122,6 @@ def uses_plugin(config: EngineConfig) -> bool:
 def plugin_flags(config: EngineConfig) -> list[str]:
     """The control route on the replica's own port, for a config that selects the plug-in."""
     return ["--middleware", CONTROL_MIDDLEWARE] if uses_plugin(config) else []
-
-
-DEFAULT_PORT = 8000
-"""Where every command that starts replicas starts them: `engine up` on this port, the others on
-the first free run of ports from here, so two commands started side by side never collide."""
 
 
 class NoFreePort(RuntimeError):

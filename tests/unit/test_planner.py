@@ -189,11 +189,20 @@ CARD_ARGS += ["--weight-dtype", "fp8", "--kv-dtype", "fp8"]
 
 
 def test_cli_json_reproduces_the_card():
-    result = _run(*CARD_ARGS, "--batch", "125", "--json")
+    result = _run(*CARD_ARGS, "--batch", "125", "--json", "-")
     assert result.exit_code == 0, result.output
     d = json.loads(result.stdout)
     assert d["kv_bytes_per_token"] == 160 * KIB
     assert within_10pct(d["decode_tokens_per_s_bound"], 5600)
+
+
+def test_cli_json_to_a_file_and_the_h100_alias(tmp_path):
+    path = tmp_path / "plan.json"
+    args = ["--model", "llama-3.1-70b", "--gpu", "h100", "--gpus", "2"]
+    result = _run(*args, "--weight-dtype", "fp8", "--kv-dtype", "fp8", "--json", str(path))
+    assert result.exit_code == 0, result.output
+    assert json.loads(path.read_text())["gpu"] == "h100-sxm"
+    assert "KV capacity" in result.stdout
 
 
 def test_cli_table():
@@ -223,7 +232,7 @@ def test_cli_weights_that_do_not_fit_exit_2_with_numbers():
 
 def test_cli_engine_config_loads_back(tmp_path):
     path = tmp_path / "configs" / "llama70b.yaml"
-    result = _run(*CARD_ARGS, "--emit-engine-config", str(path), "--json")
+    result = _run(*CARD_ARGS, "--emit-engine-config", str(path), "--json", "-")
     assert result.exit_code == 0, result.output
     p = json.loads(result.stdout)
     config = load_engine_config(path)

@@ -35,3 +35,11 @@ def test_caps_description() -> None:
         "d": {"batch_seats": 4, "batch_step_target_ms": None, "pause": False},
     }
     assert describe_caps(caps) == "a paused, b 2 seats at 25 ms, c down, d 4 seats"
+
+
+def test_policy_none_reads_uncapped_not_its_placeholder_caps() -> None:
+    from scheduler.admission import NoAdmissionControl, Observation
+
+    d = NoAdmissionControl().decide(Observation(t=0.0, replica="r1"))
+    caps = {"r1": {"batch_seats": d.batch_seats, "pause": d.pause, "reason": d.reason}}
+    assert describe_caps(caps) == "r1 uncapped"
