@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from bench.bench_defaults import DOCS, RATE, WINDOW_S
+from bench.bench_options import DOCS, RATE, WINDOW_S, BenchOptions
 from bench.chat_load import ChatLoadSpec
 from bench.chat_sessions import ChatShape
 from bench.scenarios import BenchConfig, bench_paths, run_scenarios
@@ -31,28 +31,11 @@ class BenchInputError(ValueError):
 
 
 @dataclass(frozen=True)
-class RealOptions:
-    """The `bench` options a real run reads; None means the CPU default (bench_defaults)."""
+class RealOptions(BenchOptions):
+    """The options of a bench on a real replica; None means the CPU default (bench_options)."""
 
-    engine_config: Path
-    scenarios: tuple[str, ...]
-    duration: float
-    warmup: float
-    results: Path
-    seed: int = 0
-    rate: float | None = None
-    latency_model: Path | None = None
-    docs: int | None = None
-    min_tokens: int = 2000
-    max_tokens: int = 12000
-    slo_factor: float = 3.0
-    itl_slo_ms: float | None = None
-    ttft_slo_ms: float | None = None
-    window_s: float | None = None
-    scale: float | None = None
+    warmup: float = 30.0
     port: int | None = None
-    static_sweep: tuple[tuple[int, int], ...] | None = None
-    budget_sweep: tuple[tuple[int, float], ...] | None = None
 
 
 def bench_config(config: EngineConfig, opts: RealOptions) -> BenchConfig:

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from bench.bench_defaults import DOCS, RATE, WINDOW_S
+from bench.bench_options import DOCS, RATE, WINDOW_S, BenchOptions
 from bench.sim_scenarios import run_sim_scenarios
 
 if TYPE_CHECKING:
@@ -25,29 +25,12 @@ CONTROL = {"interval_s": 2.0, "observe_window_s": 20.0}
 window p99 needs ~100 chat tokens to mean anything."""
 
 
-@dataclass
-class SimOptions:
-    """The `bench` options a simulated run reads; None means the profile's default."""
+@dataclass(frozen=True)
+class SimOptions(BenchOptions):
+    """The `bench --sim` options; None means the profile's default."""
 
-    engine_config: Path
-    scenarios: tuple[str, ...]
-    duration: float
-    json_out: Path
-    results: Path
-    seed: int = 0
-    rate: float | None = None
-    latency_model: Path | None = None
-    docs: int | None = None
+    json_out: Path | None = None
     doc_tokens: int | None = None
-    min_tokens: int = 2000
-    max_tokens: int = 12000
-    slo_factor: float = 3.0
-    itl_slo_ms: float | None = None
-    ttft_slo_ms: float | None = None
-    window_s: float | None = None
-    scale: float | None = None
-    static_sweep: tuple[tuple[int, int], ...] | None = None
-    budget_sweep: tuple[tuple[int, float], ...] | None = None
     replicas: int = 1
 
 

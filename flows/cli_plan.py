@@ -20,9 +20,6 @@ if TYPE_CHECKING:
 VLLM_KV_CACHE_DTYPE = {"fp8": "fp8", "int8": "int8_per_token_head", "int4": "int4_per_token_head"}
 """Engine names of the quantized KV dtypes; 16-bit KV is `auto` (the model dtype) or named."""
 VLLM_DTYPE = {"bf16": "bfloat16", "fp16": "float16"}
-ARCHITECTURE_FIELDS = ("layers", "hidden", "intermediate", "heads", "kv_heads", "head_dim")
-ARCHITECTURE_FIELDS += ("params", "vocab")
-"""ModelSpec fields the engine config schema's `architecture` takes (not max_position)."""
 
 
 def register(app: typer.Typer) -> None:
@@ -108,7 +105,7 @@ def engine_config_for(p: Plan) -> dict:
     prompt's chunk at the size advised for the deepest position, safe at any position.
     """
     from scheduler.planner import CHUNK_GRANULARITY, PlanError
-    from scheduler.specs import model_spec
+    from scheduler.specs import SHAPE_FIELDS, model_spec
 
     chunks = [c.chunk_tokens for c in p.recommended_chunk_tokens if c.chunk_tokens > 0]
     if not chunks or p.recommended_chunk_tokens[0].chunk_tokens == 0:
@@ -125,7 +122,7 @@ def engine_config_for(p: Plan) -> dict:
             "path": spec.path,
             "served_name": spec.name,
             "spec": spec.name,
-            "architecture": {k: getattr(spec, k) for k in ARCHITECTURE_FIELDS},
+            "architecture": {k: getattr(spec, k) for k in SHAPE_FIELDS},
         },
         "hardware": {
             "kind": "gpu",

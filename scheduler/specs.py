@@ -29,20 +29,32 @@ class SpecError(ValueError):
     """A spec file or a spec name that cannot be used; the message says what to change."""
 
 
-@dataclass(frozen=True, slots=True)
-class ModelSpec:
-    """Shape of a decoder-only transformer (Llama family), as its config.json gives it."""
+class ModelShape(BaseModel):
+    """The shape numbers of a decoder-only transformer (Llama family), declared once: the spec
+    table's entries, `ModelSpec` and an engine config's `model.architecture` all take these."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    layers: int = Field(gt=0, description="Transformer layers (num_hidden_layers).")
+    hidden: int = Field(gt=0, description="Hidden size (hidden_size).")
+    intermediate: int = Field(gt=0, description="MLP intermediate size (intermediate_size).")
+    heads: int = Field(gt=0, description="Query heads (num_attention_heads).")
+    kv_heads: int = Field(gt=0, description="Key/value heads, GQA (num_key_value_heads).")
+    head_dim: int = Field(gt=0, description="Dimension of one attention head.")
+    params: int = Field(gt=0, description="Total parameter count.")
+    vocab: int = Field(gt=0, description="Vocabulary size (vocab_size).")
+
+
+SHAPE_FIELDS: tuple[str, ...] = tuple(ModelShape.model_fields)
+
+
+class ModelSpec(ModelShape):
+    """A model of the spec table: its shape, its context length, where it comes from."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
 
     name: str
-    layers: int
-    hidden: int
-    intermediate: int
-    heads: int
-    kv_heads: int
-    head_dim: int
-    params: int
-    vocab: int
-    max_position: int
+    max_position: int = Field(gt=0, description="max_position_embeddings.")
     path: str = ""
     source: str = ""
 
@@ -67,18 +79,8 @@ class GpuSpec:
         return self.fp8_flops if weight_dtype == "fp8" else self.bf16_flops
 
 
-class _ModelEntry(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
+class _ModelEntry(ModelShape):
     path: str = Field(description="Engine config model.path: a hub id or `local:NAME`.")
-    layers: int = Field(gt=0, description="num_hidden_layers.")
-    hidden: int = Field(gt=0, description="hidden_size.")
-    intermediate: int = Field(gt=0, description="intermediate_size.")
-    heads: int = Field(gt=0, description="num_attention_heads.")
-    kv_heads: int = Field(gt=0, description="num_key_value_heads.")
-    head_dim: int = Field(gt=0, description="Dimension of one attention head.")
-    params: int = Field(gt=0, description="Total parameter count.")
-    vocab: int = Field(gt=0, description="vocab_size.")
     max_position: int = Field(gt=0, description="max_position_embeddings.")
     source: str = Field(min_length=1, description="Where these numbers come from.")
 
