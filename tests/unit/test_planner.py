@@ -8,7 +8,7 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from flows.cli_plan import engine_config_for, register
+from flows.cli_plan import register
 from scheduler.latency_model import largest_chunk_within, roofline_model
 from scheduler.planner import (
     BLOCK_TOKENS,
@@ -23,6 +23,7 @@ from scheduler.planner import (
 from scheduler.specs import model_spec
 from scheduler.step import PrefillChunk, StepBatch
 from serving.engine_config import load_engine_config
+from serving.plan_config import engine_config_for
 
 CARD = dict(model="llama-3.1-70b", gpu="h100-sxm", gpus=2, weight_dtype="fp8", kv_dtype="fp8")
 KIB, GB = 1024, 1e9
