@@ -135,9 +135,9 @@ class GateActor:
         )
         check_interval(policy, controller, interval_s)
         self.kv_high_water = (controller or BudgetControllerConfig()).kv_high_water
-        self.kv_guarded = policy == "slo"
+        self.kv_guarded = self.policy.guards_kv
         """Baselines are blind to KV by design; the controller's KV room is checked at grants."""
-        steers = policy in ("slo", "budget")
+        steers = self.policy.steers_engine
         self.model = load_latency_model(policy, latency_model) if steers else None
         self.control = dict(control_targets or {}) if steers else {}
         sensor = sensor or {"kind": "vllm"}

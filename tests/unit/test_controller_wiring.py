@@ -66,3 +66,12 @@ def test_simulate_builds_the_controller_with_the_engines_slots_and_tuning(profil
     assert ctrl.config.cut_factor == 0.5 and ctrl.engine_slots == cfg.engine.max_num_seqs
     fixed = make_policy(PolicyChoice("budget", 4, 2048, 30.0), cfg.slo)
     assert fixed == FixedBudget(4, 30.0)
+
+
+def test_every_policy_says_through_the_protocol_whether_it_steers_and_guards_kv():
+    """The Gate reads these instead of asking which policy class or name it was given."""
+    want = {"none": (False, False), "static": (False, False), "budget": (True, False),
+            "slo": (True, True)}  # fmt: skip
+    for name, (steers, guards) in want.items():
+        policy = make_policy(PolicyChoice(name), SLO_50, MODEL)  # type: ignore[arg-type]
+        assert (policy.steers_engine, policy.guards_kv) == (steers, guards), name
