@@ -124,6 +124,9 @@ def schedule(
     parameters: Path = typer.Option(
         ..., help="JSON file with the flow's parameters (corpus, engine_config, ...)."
     ),
+    policy: str = typer.Option(
+        None, help="Admission policy of every night (none, static, budget or slo), over the file's."
+    ),
 ) -> None:
     """Serve the nightly deployment: Prefect runs the flow on `cron` until stopped."""
     from flows.nightly import nightly_summarization
@@ -131,4 +134,8 @@ def schedule(
     if not parameters.is_file():
         raise fail(f"--parameters {parameters}: no such file")
     params = json.loads(parameters.read_text())
+    if policy is not None:
+        if policy not in ("slo", "budget", "static", "none"):
+            raise fail(f"unknown --policy {policy!r}; use none, static, budget or slo")
+        params["policy"] = policy
     nightly_summarization.serve(name=name, cron=cron, parameters=params)

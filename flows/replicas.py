@@ -25,7 +25,8 @@ def check_replica(url: str, served_model: str, timeout_s: float = 5.0) -> str:
     except (httpx.HTTPError, ValueError) as exc:
         raise ReplicaUnreachable(
             f"replica {url} is not reachable ({type(exc).__name__}: {exc}); start it with "
-            "`nightshift engine up CONFIG` or leave out --replica-url to let the run start one"
+            "`nightshift engine up --engine-config CONFIG` or leave out --replica-url to let the "
+            "run start one"
         ) from None
     served = [m.get("id") for m in models.get("data", [])]
     if served_model not in served:

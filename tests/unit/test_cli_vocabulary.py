@@ -18,7 +18,7 @@ def test_version():
 
 
 def test_every_command_that_chooses_a_policy_says_policy():
-    for command in ("run", "simulate"):
+    for command in ("run", "simulate", "schedule"):
         result = CliRunner().invoke(app, [command, "--help"], env={"COLUMNS": "200"})
         assert "--policy" in result.stdout, command
 
