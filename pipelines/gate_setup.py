@@ -7,6 +7,7 @@ says what to change) before a Ray actor is created, where an error would surface
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -147,3 +148,43 @@ def check_interval(
             f"interval_s {interval_s} must be below the controller's stale_after_s "
             f"{stale}; poll more often or raise stale_after_s"
         )
+
+
+@dataclass(frozen=True)
+class GateConfig:
+    """Every setting of a Gate in one frozen value, checked once by `check` in the caller, before
+    a Ray actor exists (an error inside the actor would surface only at its first call).
+
+    `static_caps` are (seats, chunk tokens) of policy `static`, `budget` (seats, batch step
+    target ms) of policy `budget`; `engine_flags` are the replicas' `vllm:` flags, of whose
+    `max-num-seqs` the controller leaves chat its share; `sensor` is a spec (`engine_sensor`) or
+    a Sensor, the vLLM `/metrics` sensor when None; `control_targets` are where the control
+    documents of steering policies go, by replica."""
+
+    slo: SLO = field(default_factory=SLO)
+    policy: PolicyName = "slo"
+    controller: BudgetControllerConfig | None = None
+    latency_model: str | Path | StepTimeModel | None = None
+    static_caps: tuple[int, int] = (4, 2048)
+    budget: tuple[int, float] = (4, 40.0)
+    sensor: Mapping[str, Any] | Sensor | None = None
+    interval_s: float = 5.0
+    metrics_port: int | None = None
+    engine_flags: Mapping[str, Any] | None = None
+    control_targets: Mapping[str, ControlTarget] | None = None
+
+    def __post_init__(self) -> None:
+        if self.slo is None:  # callers pass slo=None for "the default SLO"
+            object.__setattr__(self, "slo", SLO())
+
+    def build_policy(self) -> AdmissionPolicy:
+        return build_policy(
+            self.policy, self.slo, self.controller, self.latency_model, self.static_caps,
+            self.engine_flags, self.budget,
+        )  # fmt: skip
+
+    def check(self) -> None:
+        """Raise ValueError naming the setting and the fix for anything the Gate would refuse."""
+        self.build_policy()
+        check_interval(self.policy, self.controller, self.interval_s)
+        check_sensor_spec(self.sensor or {})
