@@ -9,6 +9,8 @@ from pathlib import Path
 
 import typer
 
+from serving.paths import DEFAULT_PORT
+
 engine_app = typer.Typer(
     help="Start, inspect and stop vLLM replicas from engine configs.", no_args_is_help=True
 )
@@ -45,10 +47,15 @@ def load_config_or_exit(path: Path):
 
 @engine_app.command("up")
 def up(
-    config_path: Path = typer.Argument(
-        ..., help="Engine config YAML, e.g. engine_configs/cpu-tiny.yaml"
+    config_arg: Path = typer.Argument(
+        None, metavar="[CONFIG]", help="The engine config, as --engine-config (older spelling)."
     ),
-    port: int = typer.Option(8000, help="Port of the first replica; further replicas count up."),
+    engine_config: Path = typer.Option(
+        None, help="Engine config YAML, e.g. engine_configs/cpu-tiny.yaml"
+    ),
+    port: int = typer.Option(
+        DEFAULT_PORT, help="Port of the first replica; further replicas count up."
+    ),
     replicas: int = typer.Option(1, min=1, help="How many replicas to start."),
     host: str = typer.Option("127.0.0.1", help="Address to listen on."),
     timeout: float = typer.Option(300.0, help="Seconds to wait for /health."),
@@ -63,6 +70,7 @@ def up(
     from serving.paths import SetupError
     from serving.vllm_flags_check import check_vllm_flags
 
+    config_path = _one_config(engine_config, config_arg)
     config = load_config_or_exit(config_path)
     try:
         check_vllm_flags(config, config_path)  # vLLM's own parser, before anything starts
@@ -76,6 +84,18 @@ def up(
         raise fail(str(exc)) from None
     for r in started:
         typer.echo(f"{r.name}  {r.base_url}  pid {r.pid}  log {r.log}")
+
+
+def _one_config(option: Path | None, positional: Path | None) -> Path:
+    """`--engine-config PATH`, or the config given positionally as before; exactly one."""
+    if option is not None and positional is not None and option != positional:
+        raise fail(
+            f"two engine configs given ({positional} and --engine-config {option}): keep one"
+        )
+    path = option or positional
+    if path is None:
+        raise fail("give the engine config: --engine-config engine_configs/cpu-tiny.yaml")
+    return path
 
 
 @engine_app.command("status")

@@ -150,6 +150,16 @@ def _tonight(timezone: str) -> str:
     return night_run_id(datetime.now(UTC), timezone)
 
 
+def check_policy_choice(policy: str) -> None:
+    """`--policy` against the policy factory's names (`scheduler/policy_factory.py`)."""
+    from scheduler.policy_factory import PolicyError, check_policy_name
+
+    try:
+        check_policy_name(policy, "--policy")
+    except PolicyError as exc:
+        raise fail(str(exc)) from None
+
+
 def _check_night(deadline: str | None, timezone: str, selector: str) -> None:
     from pipelines.night import NightError, parse_deadline, zone
     from serving.prometheus_selectors import SelectorError, check_template
@@ -202,8 +212,7 @@ def _check_inputs(
     from pipelines.corpus import CorpusError, read_corpus
     from pipelines.run_store import RunMismatch, check_resumable
 
-    if policy not in ("slo", "budget", "static", "none"):
-        raise fail(f"unknown --policy {policy!r}; use none, static, budget or slo")
+    check_policy_choice(policy)
     if policy in ("slo", "budget") and latency_model is None:
         raise fail(
             f"--policy {policy} needs a latency fit and the engine config has none: fit one with "
@@ -240,6 +249,9 @@ def schedule(
     timezone: str = typer.Option(None, help="As for `run`; default: the parameters' or UTC."),
     api_key: str = ApiKey,
     header: list[str] = Header,
+    policy: str = typer.Option(
+        None, help="Admission policy of every night (none, static, budget or slo), over the file's."
+    ),
 ) -> None:
     """Serve the nightly deployment: Prefect runs the flow on `cron` until stopped. Options
     given here override the same parameters in the file."""
@@ -251,7 +263,10 @@ def schedule(
         params = json.loads(parameters.read_text())
     except ValueError as exc:
         raise fail(f"--parameters {parameters}: not JSON ({exc})") from None
+    if policy is not None:
+        check_policy_choice(policy)
     overrides = {
+        "policy": policy,
         "metrics_port": metrics_port,
         "pushgateway": pushgateway,
         "prometheus_url": prometheus_url,

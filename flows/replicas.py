@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import socket
 from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import urlparse
@@ -11,7 +10,7 @@ from urllib.parse import urlparse
 import httpx
 
 from serving.engine_config import EngineConfig
-from serving.launcher import ReplicaSet
+from serving.launcher import ReplicaSet, free_port
 from serving.replica_auth import ReplicaAuth
 
 
@@ -37,7 +36,8 @@ def check_replica(
     except (httpx.HTTPError, ValueError) as exc:
         raise ReplicaUnreachable(
             f"replica {url} is not reachable ({type(exc).__name__}: {exc}); start it with "
-            "`nightshift engine up CONFIG` or leave out --replica-url to let the run start one"
+            "`nightshift engine up --engine-config CONFIG` or leave out --replica-url to let the "
+            "run start one"
         ) from None
     served = [m.get("id") for m in models.get("data", [])]
     if served_model not in served:
@@ -47,18 +47,6 @@ def check_replica(
         )
     parsed = urlparse(base)
     return f"{parsed.hostname}:{parsed.port}"
-
-
-def free_port(start: int = 8000) -> int:
-    """The first free port from `start` (for replicas a run starts)."""
-    for port in range(start, start + 1000):
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port))
-                return port
-            except OSError:
-                continue
-    raise RuntimeError(f"no free port in {start}..{start + 999}")
 
 
 @contextlib.contextmanager
@@ -77,7 +65,9 @@ def replicas_for_run(
         served = config.model.served_name
         yield [(check_replica(u, served, auth=auth), u.rstrip("/")) for u in urls]
         return
-    with ReplicaSet(state_dir).running(config, config_path, port or free_port(), count) as started:
+    with ReplicaSet(state_dir).running(
+        config, config_path, port or free_port(count=count), count
+    ) as started:
         yield [(r.name, r.base_url) for r in started]
 
 

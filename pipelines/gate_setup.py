@@ -7,19 +7,27 @@ says what to change) before a Ray actor is created, where an error would surface
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import httpx
 
-from scheduler.admission import AdmissionPolicy, FixedBudget, NoAdmissionControl, StaticCaps
-from scheduler.budget_controller import BudgetController, BudgetControllerConfig
+from scheduler.admission import AdmissionPolicy
+from scheduler.budget_controller import BudgetControllerConfig
 from scheduler.latency_model import LatencyModel
+from scheduler.policy_factory import (
+    PolicyChoice,
+    PolicyName,
+    check_policy_name,
+    make_policy,
+)
 from scheduler.slo import SLO
 from scheduler.step import StepTimeModel
 from serving.engine_control import ControlTarget
 from serving.plugin_sensor import PluginStatusSensor
 from serving.prometheus_selectors import DEFAULT_SELECTOR, check_template, replica_selectors
+from serving.replica_auth import ReplicaAuth
 from serving.sensors import (
     MergedSensor,
     PrometheusSensor,
@@ -27,12 +35,6 @@ from serving.sensors import (
     StreamedTimingsSensor,
     VllmMetricsSensor,
 )
-
-PolicyName = Literal["slo", "budget", "static", "none"]
-POLICIES = ("none", "static", "budget", "slo")
-"""`none`: stock engine, batch at full concurrency; `static`: stock engine, fixed seats (sections
-are the job's); `budget`: the engine plug-in at a fixed batch step target and fixed seats;
-`slo`: the plug-in driven by the SLO controller."""
 
 
 def build_policy(
@@ -44,21 +46,16 @@ def build_policy(
     engine_flags: Mapping[str, Any] | None = None,
     budget: tuple[int, float] = (4, 40.0),
 ) -> AdmissionPolicy:
-    """The admission policy a Gate runs: the SLO controller, or a baseline for comparison.
+    """The admission policy a Gate runs, built by `scheduler.policy_factory` like the simulator's.
 
     `engine_flags` are the replicas' engine config `vllm:` flags: the controller leaves chat its
     share of their `max-num-seqs`. `budget` is (seats, batch step target ms) of policy `budget`."""
-    if policy == "none":
-        return NoAdmissionControl()
-    if policy == "static":
-        return StaticCaps(*static_caps)
-    if policy == "budget":
-        return FixedBudget(*budget)
-    if policy != "slo":
-        raise ValueError(f"unknown policy {policy!r}; use one of {', '.join(POLICIES)}")
-    model = load_latency_model(policy, latency_model)
+    check_policy_name(policy)
+    seats = budget[0] if policy == "budget" else static_caps[0]
+    choice = PolicyChoice(policy, seats, static_caps[1], budget[1])
+    model = load_latency_model(policy, latency_model) if policy == "slo" else None
     slots = (engine_flags or {}).get("max-num-seqs")
-    return BudgetController(slo, model, controller, int(slots) if slots else None)
+    return make_policy(choice, slo, model, controller, int(slots) if slots else None)
 
 
 def load_latency_model(
@@ -175,3 +172,45 @@ def check_interval(
             f"interval_s {interval_s} must be below the controller's stale_after_s "
             f"{stale}; poll more often or raise stale_after_s"
         )
+
+
+@dataclass(frozen=True)
+class GateConfig:
+    """Every setting of a Gate in one frozen value, checked once by `check` in the caller, before
+    a Ray actor exists (an error inside the actor would surface only at its first call).
+
+    `static_caps` are (seats, chunk tokens) of policy `static`, `budget` (seats, batch step
+    target ms) of policy `budget`; `engine_flags` are the replicas' `vllm:` flags, of whose
+    `max-num-seqs` the controller leaves chat its share; `sensor` is a spec (`engine_sensor`) or
+    a Sensor, the vLLM `/metrics` sensor when None; `control_targets` are where the control
+    documents of steering policies go, by replica."""
+
+    slo: SLO = field(default_factory=SLO)
+    policy: PolicyName = "slo"
+    controller: BudgetControllerConfig | None = None
+    latency_model: str | Path | StepTimeModel | None = None
+    static_caps: tuple[int, int] = (4, 2048)
+    budget: tuple[int, float] = (4, 40.0)
+    sensor: Mapping[str, Any] | Sensor | None = None
+    interval_s: float = 5.0
+    metrics_port: int | None = None
+    engine_flags: Mapping[str, Any] | None = None
+    control_targets: Mapping[str, ControlTarget] | None = None
+    auth: ReplicaAuth | None = None
+    """API key and headers for the replicas' routes; never logged (`serving/replica_auth.py`)."""
+
+    def __post_init__(self) -> None:
+        if self.slo is None:  # callers pass slo=None for "the default SLO"
+            object.__setattr__(self, "slo", SLO())
+
+    def build_policy(self) -> AdmissionPolicy:
+        return build_policy(
+            self.policy, self.slo, self.controller, self.latency_model, self.static_caps,
+            self.engine_flags, self.budget,
+        )  # fmt: skip
+
+    def check(self) -> None:
+        """Raise ValueError naming the setting and the fix for anything the Gate would refuse."""
+        self.build_policy()
+        check_interval(self.policy, self.controller, self.interval_s)
+        check_sensor_spec(self.sensor or {})

@@ -14,6 +14,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from scheduler.budget_controller import BudgetControllerConfig
+from scheduler.specs import ModelShape
 
 FlagValue = bool | int | float | str | list[str | int | float] | dict[str, list[float]]
 
@@ -24,19 +25,8 @@ class EngineConfigError(ValueError):
     """An engine config that cannot be used; the message names the file and the key."""
 
 
-class Architecture(BaseModel):
-    """Model shape numbers the capacity planner and latency model need."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    layers: int = Field(gt=0, description="Transformer layers.")
-    hidden: int = Field(gt=0, description="Hidden size.")
-    intermediate: int = Field(gt=0, description="MLP intermediate size.")
-    heads: int = Field(gt=0, description="Query heads.")
-    kv_heads: int = Field(gt=0, description="Key/value heads (GQA).")
-    head_dim: int = Field(gt=0, description="Dimension of one head.")
-    params: int = Field(gt=0, description="Parameter count.")
-    vocab: int = Field(gt=0, description="Vocabulary size.")
+class Architecture(ModelShape):
+    """Model shape numbers the capacity planner and latency model need (`scheduler.specs`)."""
 
 
 class ModelSection(BaseModel):

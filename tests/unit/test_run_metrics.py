@@ -109,3 +109,11 @@ def test_a_pushgateway_that_refuses_fails_the_night_before_any_work() -> None:
         with serving_night(RunMetrics("r1"), pushgateway="http://127.0.0.1:9"):
             ran.append(True)
     assert not ran
+
+
+def test_policy_none_reads_uncapped_not_its_placeholder_caps() -> None:
+    from scheduler.admission import NoAdmissionControl, Observation
+
+    d = NoAdmissionControl().decide(Observation(t=0.0, replica="r1"))
+    caps = {"r1": {"batch_seats": d.batch_seats, "pause": d.pause, "reason": d.reason}}
+    assert describe_caps(caps) == "r1 uncapped"
