@@ -58,6 +58,9 @@ class ChatLoadSpec:
     """Replica choice per turn, one of ROUTING."""
     client: ClientConfig = field(default_factory=ClientConfig)
     """Timeouts and retries of the streaming client."""
+    goodput_slos: tuple[tuple[str, float], ...] = ()
+    """Per-request SLOs (ms) that `goodput` counts requests against, as vLLM's `--goodput`
+    (`ttft`, `tpot`, `e2el`); empty: the default SLO's targets."""
 
     def __post_init__(self) -> None:
         if not (self.duration_s > 0 and math.isfinite(self.duration_s)):
@@ -164,7 +167,13 @@ async def run_chat_load(
         for client in clients.values():
             await client.aclose()
     records = [t.record for t in run.sent]
-    summary = summarize(run.sent, window_s=run.window_s, not_sent=run.not_sent, planned=len(plans))
+    summary = summarize(
+        run.sent,
+        window_s=run.window_s,
+        not_sent=run.not_sent,
+        planned=len(plans),
+        goodput_slos=dict(spec.goodput_slos) or None,
+    )
     summary.update(run_id=run_id, replicas=[n for n, _ in replicas])
     gaps = [g for r in records for g in r.gaps]
     return ChatLoadResult(run_id, records, gaps, summary, run.sent, started, time.time())

@@ -7,11 +7,15 @@ more, as it does for the users waiting on them), the achieved rate and the prefi
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from bench import serving_metrics
 from bench.chat_sessions import TurnPlan
+from bench.serving_metrics import goodput, request_latency, tpot_s
 from scheduler.records import RequestRecord, TokenGap, percentile
+from scheduler.slo import SLO
 
 
 @dataclass
@@ -39,11 +43,19 @@ class ChatLoadResult:
 
 
 def summarize(
-    turns: list[SentTurn], *, window_s: float, not_sent: int = 0, planned: int | None = None
+    turns: list[SentTurn],
+    *,
+    window_s: float,
+    not_sent: int = 0,
+    planned: int | None = None,
+    goodput_slos: Mapping[str, float] | None = None,
 ) -> dict:
-    """Counts, latency percentiles (ITL over every token gap, not per request), achieved rate and
-    prefix-cache hit share of a run's sent turns."""
+    """Counts, latency statistics (bench/serving_metrics.py: TTFT, TPOT, ITL over every token gap,
+    E2E), vLLM-style goodput against `goodput_slos` (default: `SLO()`'s targets), achieved rate
+    and prefix-cache hit share of a run's sent turns."""
     records = [t.record for t in turns]
+    latency = request_latency(records)
+    counts = {k: len(v) for k, v in _samples(records).items()}
     ok = [r for r in records if r.status == "ok"]
     prompt = sum(r.prompt_tokens for r in ok)
     ratios = sorted(
@@ -63,9 +75,8 @@ def summarize(
         "sessions": len({t.plan.session for t in turns}),
         "window_s": round(window_s, 3),
         "achieved_rate": len(records) / window_s if window_s > 0 else 0.0,
-        "ttft_ms": _quantiles_ms([r.ttft_s for r in ok if r.ttft_s is not None]),
-        "itl_ms": _quantiles_ms([g.gap_s for r in records for g in r.gaps]),
-        "e2e_ms": _quantiles_ms([r.e2e_s for r in ok if r.e2e_s is not None]),
+        **{key: {**stats, "n": counts[key]} for key, stats in latency.items()},
+        **goodput(records, goodput_slos or default_goodput_slos(), window_s),
         "prompt_tokens_mean": prompt / len(ok) if ok else 0.0,
         "output_tokens": sum(r.output_tokens for r in ok),
         "prefix_cache_hit_share": sum(r.cached_tokens for r in ok) / prompt if prompt else 0.0,
@@ -73,11 +84,20 @@ def summarize(
     }
 
 
-def _quantiles_ms(values_s: list[float]) -> dict[str, float | None]:
-    values = sorted(values_s)
-    if not values:
-        return {"p50": None, "p95": None, "p99": None, "n": 0}
-    return {**{f"p{q}": 1000.0 * percentile(values, q) for q in (50, 95, 99)}, "n": len(values)}
+def _samples(records: list[RequestRecord]) -> dict[str, list]:
+    """What each statistic is taken over: ok requests (TTFT, TPOT, E2E) or token gaps (ITL)."""
+    ok = [r for r in records if r.status == "ok"]
+    return {
+        "ttft_ms": [r for r in ok if r.ttft_s is not None],
+        "tpot_ms": [r for r in ok if tpot_s(r) is not None],
+        "itl_ms": [g for r in records for g in r.gaps],
+        "e2e_ms": [r for r in ok if r.e2e_s is not None],
+    }
+
+
+def default_goodput_slos() -> dict[str, float]:
+    """Per-request SLOs of chat-load's goodput when none are given: the default SLO's targets."""
+    return serving_metrics.goodput_slos(SLO())
 
 
 def write_run(

@@ -62,7 +62,8 @@ class Job:
 
 def run_job(job: Job) -> dict:
     """Simulate `job` and return its figures (runs in a worker process)."""
-    from flows.cli_simulate import engine_params, load_profile, sim_config, step_model
+    from serving.engine_profile import engine_params, load_profile, step_model
+    from simulator.config import sim_config
     from simulator.run import simulate
 
     profile = load_profile(PROFILE, [])
@@ -74,7 +75,7 @@ def run_job(job: Job) -> dict:
         trace = generate(shape)
         chat = {"trace": "generated", "trace_shared_prefix_tokens": shape.shared_prefix_tokens}
     cfg = sim_config(
-        profile,
+        profile.name,
         engine=engine_params(profile),
         chat=chat,
         batch={
@@ -137,19 +138,22 @@ def missed_windows(result) -> list[dict]:
 
 
 def _policy(name: str, slo, model, flags):
-    from scheduler.admission import FixedBudget, StaticCaps
-    from scheduler.budget_controller import BudgetController
+    """A job's policy, built by the factory the Gate uses: `static-engine SxC` is policy static,
+    `static-budget SxF` policy budget at F × the ITL SLO, chat-only no batch seats."""
+    from scheduler.policy_factory import PolicyChoice, make_policy
 
     if name.startswith("static-engine"):
         seats, chunk = (int(x) for x in name.split()[1].split("x"))
-        return StaticCaps(seats, chunk)
-    if name.startswith("static-budget"):
+        choice = PolicyChoice("static", seats, chunk)
+    elif name.startswith("static-budget"):
         seats, share = name.split()[1].split("x")
-        return FixedBudget(int(seats), float(share) * slo.chat_itl_p99_ms)
-    if name == "chat-only":
-        return StaticCaps(0, 1)
+        choice = PolicyChoice("budget", int(seats), target_ms=float(share) * slo.chat_itl_p99_ms)
+    elif name == "chat-only":
+        choice = PolicyChoice("static", 0, 1)
+    else:
+        choice = PolicyChoice("slo")
     slots = flags.get("max-num-seqs")
-    return BudgetController(slo, model, engine_slots=int(slots) if slots else None)
+    return make_policy(choice, slo, model, engine_slots=int(slots) if slots else None)
 
 
 def jobs(args: argparse.Namespace) -> list[Job]:

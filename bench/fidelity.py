@@ -49,14 +49,15 @@ def replay_trace(run: RealRun):
 
 def simulate_replay(workload: MixedWorkload, run: RealRun, engine_config: str, latency_model: str):
     """The simulator's run of the same work; returns its `SimResult`."""
-    from flows.cli_simulate import engine_params, load_profile, sim_config, step_model
     from scheduler.admission import StaticCaps
+    from serving.engine_profile import engine_params, load_profile, step_model
+    from simulator.config import sim_config
     from simulator.run import simulate
 
     cfg = load_profile(Path(engine_config), [])
     model = step_model(cfg, Path(latency_model))
     sim_cfg = sim_config(
-        cfg,
+        cfg.name,
         engine=engine_params(cfg),
         chat={"rate": 0.0, "trace_shared_prefix_tokens": workload.chat.shape.system_prompt_tokens},
         batch={

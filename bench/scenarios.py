@@ -184,7 +184,7 @@ def score(run: ScenarioRun, slo: SLO) -> dict:
         slo,
         engine_itl=(lambda a, b: engine.quantile_ms(a, b, 0.99)) if engine is not None else None,
     )
-    chat = chat_latency(run.chat, _engine_quantiles(run))
+    chat = chat_latency(run.chat, _engine_quantiles(run), slo, run.t1 - run.t0)
     chat["slo_windows_met"] = sum(verdicts) / len(verdicts)
     batch = batch_throughput(run.batch_rows, run.t0, run.t1, slo, verdicts)
     return {"run_id": run.run_id, "chat": chat, "batch": {**batch, "docs_done": run.docs_done}}

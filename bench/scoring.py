@@ -12,8 +12,9 @@ that judge ITL take an optional `engine_itl(t0, t1) -> p99 ms`; without it they 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 
+from bench.serving_metrics import goodput, goodput_slos, request_latency
 from scheduler.latency_model import largest_chunk_within
 from scheduler.records import RequestRecord, percentile
 from scheduler.slo import SLO
@@ -25,29 +26,30 @@ WindowP99 = Callable[[float, float], float | None]
 """ITL p99 in ms over [t0, t1) from another source than the streamed gaps (None: no tokens)."""
 
 
-def quantiles_ms(values: Iterable[float]) -> dict[str, float | None]:
-    ordered = sorted(values)
-    if not ordered:
-        return {"p50": None, "p95": None, "p99": None}
-    return {f"p{q}": percentile(ordered, q) * 1000 for q in (50, 95, 99)}
-
-
 def chat_latency(
-    chat: list[RequestRecord], engine_itl_ms: dict[str, float | None] | None = None
+    chat: list[RequestRecord],
+    engine_itl_ms: dict[str, float | None] | None = None,
+    slo: SLO | None = None,
+    seconds: float | None = None,
 ) -> dict:
-    """Chat latency figures. `itl_ms` is the engine's when `engine_itl_ms` is given, with the
-    client's gaps kept beside it as `client_itl_ms`; `itl_source` says which is which."""
-    ok = [r for r in chat if r.status == "ok"]
-    client_itl = quantiles_ms(g.gap_s for r in chat for g in r.gaps)
-    return {
-        "ttft_ms": quantiles_ms(r.ttft_s for r in ok if r.ttft_s is not None),
-        "itl_ms": engine_itl_ms if engine_itl_ms is not None else client_itl,
+    """Chat latency figures (bench/serving_metrics.py: TTFT, TPOT, ITL, E2E). `itl_ms` is the
+    engine's when `engine_itl_ms` is given, with the client's gaps kept beside it as
+    `client_itl_ms`; `itl_source` says which is which. With `slo` and `seconds`, also vLLM-style
+    `goodput`: requests/s over `seconds` that met the SLO's targets one by one."""
+    latency = request_latency(chat)
+    out = {
+        "ttft_ms": latency["ttft_ms"],
+        "tpot_ms": latency["tpot_ms"],
+        "itl_ms": engine_itl_ms if engine_itl_ms is not None else latency["itl_ms"],
         "itl_source": "engine" if engine_itl_ms is not None else "client",
-        "client_itl_ms": client_itl,
-        "e2e_ms": quantiles_ms(r.e2e_s for r in ok if r.e2e_s is not None),
+        "client_itl_ms": latency["itl_ms"],
+        "e2e_ms": latency["e2e_ms"],
         "requests": len(chat),
         "errors": sum(r.status in FAILED for r in chat),
     }
+    if slo is not None and seconds is not None:
+        out |= goodput(chat, goodput_slos(slo), seconds)
+    return out
 
 
 def window_verdicts(

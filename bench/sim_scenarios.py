@@ -37,8 +37,9 @@ from bench.scoring import (
     window_verdicts,
 )
 from bench.verdicts import score_sweeps, slo_from_chat_only, step_chunk_cap, summary
-from scheduler.admission import AdmissionPolicy, FixedBudget, NoAdmissionControl, StaticCaps
-from scheduler.budget_controller import BudgetController, BudgetControllerConfig
+from scheduler.admission import AdmissionPolicy
+from scheduler.budget_controller import BudgetControllerConfig
+from scheduler.policy_factory import PolicyChoice, make_policy
 from scheduler.records import RequestRecord, TokenGap
 from scheduler.slo import SLO
 from scheduler.step import StepTimeModel
@@ -147,7 +148,7 @@ def run_sim_scenarios(bench: SimBench, progress: Callable[[str], None] | None = 
     plus `mode` and `profile`)."""
     say = progress or (lambda _line: None)
     baseline_result = simulate_scenario(
-        bench, "chat-only", StaticCaps(0, 1), bench.slo or SLO(), docs=0
+        bench, "chat-only", _policy(bench, "static", bench.slo or SLO()), bench.slo or SLO(), docs=0
     )
     baseline = scenario_records(baseline_result, "chat-only")
     slo = bench.slo or slo_from_chat_only(
@@ -160,12 +161,18 @@ def run_sim_scenarios(bench: SimBench, progress: Callable[[str], None] | None = 
     sweeps: dict[str, dict[str, SimScenario]] = {}
     for name in bench.scenarios:
         if name == "uncontrolled":
-            runs[name] = _run(bench, name, name, NoAdmissionControl(), slo, say, "whole")
+            runs[name] = _run(bench, name, name, _policy(bench, "none", slo), slo, say, "whole")
         elif name == "static-engine":
             sweeps[name] = {
                 f"static-engine-{s}x{c}": _run(
-                    bench, f"static-engine-{s}x{c}", name, StaticCaps(s, c), slo, say, "map"
-                )
+                    bench,
+                    f"static-engine-{s}x{c}",
+                    name,
+                    _policy(bench, "static", slo, s, chunk=c),
+                    slo,
+                    say,
+                    "map",
+                )  # fmt: skip
                 for s, c in bench.static_sweep
             }
         elif name == "static-budget":
@@ -173,13 +180,21 @@ def run_sim_scenarios(bench: SimBench, progress: Callable[[str], None] | None = 
             for seats, share in bench.budget_sweep:
                 ms = round(share * slo.chat_itl_p99_ms, 1)
                 key = f"static-budget-{seats}x{ms:g}ms"
-                fixed = FixedBudget(seats, ms)
+                fixed = _policy(bench, "budget", slo, seats, target_ms=ms)
                 sweeps[name][key] = _run(bench, key, name, fixed, slo, say, "whole")
         elif name == "controlled":
-            slots = bench.base.engine.max_num_seqs
-            ctrl = BudgetController(slo, bench.model, bench.controller, slots)
+            ctrl = _policy(bench, "slo", slo)
             runs[name] = _run(bench, name, name, ctrl, slo, say, "whole")
     return _out(bench, slo, baseline, runs, sweeps)
+
+
+def _policy(
+    bench: SimBench, name: str, slo: SLO, seats: int = 0, chunk: int = 1, target_ms: float = 0.0
+) -> AdmissionPolicy:
+    """The policy of a scenario, built as the Gate builds it for a real run."""
+    choice = PolicyChoice(name, seats, chunk, target_ms)  # type: ignore[arg-type]
+    slots = bench.base.engine.max_num_seqs
+    return make_policy(choice, slo, bench.model, bench.controller, slots)
 
 
 def _out(bench: SimBench, slo: SLO, baseline: SimScenario, runs: dict, sweeps: dict) -> dict:
@@ -202,7 +217,7 @@ def _out(bench: SimBench, slo: SLO, baseline: SimScenario, runs: dict, sweeps: d
 def score(run: SimScenario, slo: SLO, duration_s: float) -> dict:
     """The real bench's scenario figures; windows count from virtual time 0."""
     verdicts = window_verdicts(run.chat, 0.0, duration_s, slo)
-    chat = chat_latency(run.chat)
+    chat = chat_latency(run.chat, None, slo, duration_s)
     if "itl_source" in chat:
         # Simulated token times are the engine's step ends: no client in between to add noise.
         chat["itl_source"] = "simulator"
@@ -278,27 +293,14 @@ def scenario_records(result: SimResult, name: str) -> SimScenario:
 
 def _write_run(bench: SimBench, result: SimResult, scenario: str, slo: SLO) -> None:
     """The scenario as a run directory the warehouse loads like a real run (virtual seconds)."""
-    from warehouse.run_files import RunMeta, run_dir, write_meta, write_table
+    from bench.sim_records import write_sim_run
+    from warehouse.run_files import run_dir
 
-    cfg = result.sim.cfg
-    directory = run_dir(bench.results, cfg.run_id)
-    directory.mkdir(parents=True, exist_ok=True)
-    for table_name, table in result.tables().items():
-        write_table(directory, table_name, table, run_id=cfg.run_id)
-    write_meta(
-        directory,
-        RunMeta(
-            run_id=cfg.run_id,
-            engine_config=bench.profile,
-            policy=POLICIES[scenario],
-            hardware_count=bench.hardware_count,
-            replicas=cfg.replicas,
-            hourly_usd=bench.hourly_usd,
-            slo=slo.model_dump(),
-            started=0.0,
-            ended=cfg.duration_s,
-        ),
-    )
+    directory = run_dir(bench.results, result.sim.cfg.run_id)
+    write_sim_run(
+        directory, result, bench.profile, POLICIES[scenario], bench.hardware_count,
+        bench.hourly_usd, slo,
+    )  # fmt: skip
 
 
 def _line(name: str, summary: dict) -> str:

@@ -17,7 +17,9 @@ import sys
 import time
 from pathlib import Path
 
-from flows.cli_simulate import engine_params, load_profile, policy_factory, sim_config, step_model
+from scheduler.policy_factory import PolicyChoice, make_policy
+from serving.engine_profile import engine_params, load_profile, step_model
+from simulator.config import sim_config
 from simulator.run import simulate
 
 PROFILE = Path(__file__).resolve().parents[1] / "engine_configs" / "h100x2-llama-3.1-70b-fp8.yaml"
@@ -30,7 +32,7 @@ def main(argv: list[str] | None = None) -> int:
     profile = load_profile(args.engine_config, args.override)
     model = step_model(profile, None)
     engine = engine_params(profile)
-    rows = [_run(args, profile, model, engine, name) for name in args.controllers.split(",")]
+    rows = [_run(args, profile, model, engine, name) for name in args.policies.split(",")]
     if args.json:
         args.json.write_text(json.dumps(rows, indent=2) + "\n")
     slowest = max(r["wall_s"] for r in rows)
@@ -40,22 +42,23 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def _run(args, profile, model, engine, controller: str) -> dict:
+def _run(args, profile, model, engine, policy_name: str) -> dict:
     cfg = sim_config(
-        profile,
+        profile.name,
         engine=engine,
         chat={"rate": args.chat_rate},
         batch={"docs": args.docs, "doc_tokens": args.doc_tokens},
         duration_s=args.duration,
         seed=args.seed,
     )
-    policy = policy_factory(controller, cfg, model, args.static_seats, args.static_chunk)
+    choice = PolicyChoice(policy_name, args.static_seats, args.static_chunk)
+    policy = make_policy(choice, cfg.slo, model, engine_slots=cfg.engine.max_num_seqs)
     wall, cpu = time.perf_counter(), time.process_time()
-    result = simulate(cfg, model, policy)
+    result = simulate(cfg, model, lambda _replica: policy)
     wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
     replica = result.sim.replicas[0]
     row = {
-        "controller": controller,
+        "policy": policy_name,
         "sim_s": args.duration,
         "wall_s": wall,
         "cpu_s": cpu,
@@ -66,7 +69,7 @@ def _run(args, profile, model, engine, controller: str) -> dict:
         "chat_tokens": sum(r.output_tokens for r in result.sim.recorder.records if r.cls == "chat"),
         "docs_done": result.summary["batch"]["docs_done"],
     }
-    print(f"{controller:>6}: {args.duration:,.0f} simulated s in {wall:.1f} s wall ({cpu:.1f} s CPU)"
+    print(f"{policy_name:>6}: {args.duration:,.0f} simulated s in {wall:.1f} s wall ({cpu:.1f} s CPU)"
           f" = {row['sim_s_per_wall_s']:,.0f} sim s per wall s; {row['steps']:,} steps, "
           f"{row['chat_requests']:,} chat requests, {row['docs_done']} documents done",
           flush=True)  # fmt: skip
@@ -82,7 +85,9 @@ def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--engine-config", type=Path, default=PROFILE, help="Replica profile YAML.")
     p.add_argument("--override", action="append", default=[], help="Engine flag KEY=VALUE.")
-    p.add_argument("--controllers", default="none,static,slo", help="Comma-separated policies.")
+    p.add_argument(
+        "--policies", "--controllers", default="none,static,slo", help="Comma-separated policies."
+    )
     p.add_argument("--duration", type=float, default=3600.0, help="Simulated seconds.")
     p.add_argument("--chat-rate", type=float, default=5.0, help="Chat requests per second.")
     p.add_argument("--docs", type=int, default=50, help="Backlog documents.")

@@ -94,13 +94,13 @@ def prefill_gaps(chat, batch, steps: int) -> list[float] | None:
 
 def predict(args: argparse.Namespace) -> Figures:
     """The planner's roofline figures for `args.predict`'s model at the bench's shape."""
-    from flows.cli_simulate import SimulateError, step_model
     from scheduler.step import PrefillChunk, StepBatch
     from serving.engine_config import load_engine_config
+    from serving.engine_profile import ProfileError, step_model
 
     try:
         model = step_model(load_engine_config(args.predict), None)
-    except SimulateError as exc:
+    except ProfileError as exc:
         raise SystemExit(f"--predict: {exc}") from None
     streams, context = args.chat_streams, args.chat_streams * args.chat_context
     chunk = args.step_tokens - streams

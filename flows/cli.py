@@ -30,6 +30,27 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 
+
+def _version(show: bool) -> None:
+    if show:
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            typer.echo(f"nightshift {version('nightshift')}")
+        except PackageNotFoundError:  # run from a checkout that is not installed
+            typer.echo("nightshift (not installed)")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    show_version: bool = typer.Option(
+        False, "--version", is_eager=True, callback=_version, help="Print the version and exit."
+    ),
+) -> None:
+    """Nightly long-document batch work on vLLM replicas shared with live chat."""
+
+
 for _name in COMMAND_MODULES:
     importlib.import_module(_name).register(app)
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import shlex
 import sys
 from pathlib import Path
@@ -10,9 +9,17 @@ from pathlib import Path
 import typer
 
 from flows.cli_engine import fail, load_config_or_exit
+from flows.cli_options import write_json
 
-RATE, DOCS, WINDOW_S = 1.5, 200, 15.0
-"""Defaults of --rate, --docs and --window-s (a CPU replica's; `--sim` on a GPU profile has its own)."""
+OPTION_OF = {
+    "duration_s": "--duration",
+    "seed": "--seed",
+    "replicas": "--replicas",
+    "chat.rate": "--rate",
+    "batch.docs": "--docs",
+    "batch.doc_tokens": "--doc-tokens",
+}
+"""The `bench` option behind each simulator setting `--sim` fills, for validation errors."""
 
 
 def register(app: typer.Typer) -> None:
@@ -29,7 +36,11 @@ def bench(
     ),
     duration: float = typer.Option(90.0, help="Seconds per scenario."),
     warmup: float = typer.Option(30.0, help="Unmeasured seconds of mixed load first (real bench)."),
-    json_out: Path = typer.Option(Path("results/bench.json"), "--json", help="OUT.json path."),
+    json_out: Path = typer.Option(
+        Path("results/bench.json"),
+        "--json",
+        help="OUT.json path (- for stdout); OUT.csv, one row per scenario, goes beside it.",
+    ),
     rate: float = typer.Option(
         None, min=0, help="Chat requests per second (Poisson; default 1.5, 5 in --sim on a GPU)."
     ),
@@ -53,7 +64,9 @@ def bench(
         None, min=1, help="SLO window in seconds (default 15, 60 in --sim on a GPU)."
     ),
     scale: float = typer.Option(None, help="Chat token sizes × this (default 0.1 on a CPU)."),
-    port: int = typer.Option(8600, help="Port of the replica the benchmark starts."),
+    port: int = typer.Option(
+        None, help="Port of the replica the benchmark starts (default: first free from 8000)."
+    ),
     results: Path = typer.Option(Path("results"), help="Where runs and reports go."),
     seed: int = typer.Option(0, help="Seed of the chat load and the corpus."),
     static_sweep: str = typer.Option(
@@ -83,114 +96,62 @@ def bench(
         1, "--replicas", min=1, help="--sim: simulated replicas behind one router."
     ),
 ) -> None:
-    """Run chat-only, uncontrolled, static-engine and static-budget (each the best of a sweep)
-    and controlled back to back."""
+    """Run chat-only, uncontrolled (policy none), static-engine (policy static) and
+    static-budget (policy budget), each the best of a sweep, and controlled (policy slo) back to
+    back."""
+    from pydantic import ValidationError
+
+    from bench.real_bench import BenchInputError, RealOptions, run_real_bench
+    from bench.sim_bench import SimOptions, run_sim_bench
     from bench.sim_scenarios import SCENARIOS
+    from serving.launcher import EngineStartError, NoFreePort
+    from serving.paths import SetupError
+    from simulator.config import explain
 
     config = load_config_or_exit(engine_config)
     chosen = tuple(s.strip() for s in scenarios.split(",") if s.strip())
     unknown = [s for s in chosen if s not in SCENARIOS]
     if unknown:
         raise fail(f"unknown scenario {unknown[0]!r}; choose from {', '.join(SCENARIOS)}")
-    sweep = _parse_sweep(static_sweep)
-    budgets = _parse_budgets(budget_sweep)
+    shared = dict(
+        engine_config=engine_config, scenarios=chosen, duration=duration, results=results,
+        seed=seed, rate=rate, latency_model=latency_model, docs=docs, min_tokens=min_tokens,
+        max_tokens=max_tokens, slo_factor=slo_factor, itl_slo_ms=itl_slo_ms,
+        ttft_slo_ms=ttft_slo_ms, window_s=window_s, scale=scale,
+        static_sweep=_parse_sweep(static_sweep), budget_sweep=_parse_budgets(budget_sweep),
+    )  # fmt: skip
+    try:
+        if sim:
+            opts = SimOptions(json_out=json_out, doc_tokens=doc_tokens, replicas=sim_replicas,
+                              **shared)  # fmt: skip
+            out, out_dir, wall = run_sim_bench(config, opts, progress=_progress)
+        else:
+            out, out_dir = run_real_bench(config, RealOptions(warmup=warmup, port=port, **shared))
+    except ValidationError as exc:
+        raise fail(explain(exc, OPTION_OF)) from None
+    except (BenchInputError, NoFreePort, EngineStartError, SetupError) as exc:
+        raise fail(str(exc)) from None
+    except (ValueError, OSError) as exc:  # profile, spec, planner, latency model, SLO errors
+        raise fail(str(exc)) from None
+    _report(out, out_dir, json_out)
     if sim:
-        from flows.cli_bench_sim import SimOptions, bench_sim
+        typer.echo(f"simulated {len(out['run_ids'])} runs of {duration:g} s in {wall:.1f} s wall")
 
-        return bench_sim(
-            config,
-            SimOptions(
-                engine_config=engine_config,
-                scenarios=chosen,
-                duration=duration,
-                json_out=json_out,
-                rate=rate,
-                latency_model=latency_model,
-                docs=docs,
-                doc_tokens=doc_tokens,
-                min_tokens=min_tokens,
-                max_tokens=max_tokens,
-                slo_factor=slo_factor,
-                itl_slo_ms=itl_slo_ms,
-                ttft_slo_ms=ttft_slo_ms,
-                window_s=window_s,
-                scale=scale,
-                results=results,
-                seed=seed,
-                static_sweep=sweep,
-                budget_sweep=budgets,
-                replicas=sim_replicas,
-            ),
-        )
-    from bench.chat_load import ChatLoadSpec
-    from bench.chat_sessions import ChatShape
+
+def _progress(line: str) -> None:
+    typer.echo(line, err=True)
+
+
+def _report(out: dict, out_dir: Path, json_out: Path) -> None:
+    """OUT.json (and OUT.csv beside it), the bench's Markdown and HTML page, and where they are."""
+    from bench.bench_table import write_csv
     from bench.report import write
-    from bench.scenarios import BenchConfig, bench_paths, run_scenarios
-    from pipelines.config import PipelineConfig
-    from pipelines.corpus_maker import CorpusSpec, make_corpus, write_corpus
-    from scheduler.slo import SLO
-    from serving.launcher import ReplicaSet
-    from serving.tokenizer import tokenizer_for
 
-    rate = RATE if rate is None else rate
-    docs = DOCS if docs is None else docs
-    window_s = WINDOW_S if window_s is None else window_s
-    model_path = latency_model or Path("engine_configs/fits") / f"{config.name}.json"
-    if not model_path.is_file():
-        raise fail(
-            f"no latency model at {model_path}: fit one with `nightshift calibrate "
-            f"--engine-config {engine_config} --out {model_path}`"
-        )
-    if itl_slo_ms is not None and ttft_slo_ms is None:
-        raise fail("--itl-slo-ms needs --ttft-slo-ms too (a TTFT SLO alone is allowed)")
-    slo = None
-    if itl_slo_ms is not None and ttft_slo_ms is not None:
-        slo = SLO(chat_itl_p99_ms=itl_slo_ms, chat_ttft_p99_ms=ttft_slo_ms, window_s=window_s)
-    factor = scale if scale is not None else (0.1 if config.hardware.kind == "cpu" else 1.0)
-    tokenizer = tokenizer_for(config)
-    cfg = BenchConfig(
-        engine_config=str(engine_config),
-        corpus="",
-        latency_model=str(model_path),
-        chat=ChatLoadSpec(shape=ChatShape().scaled(factor), rate=rate, seed=seed),
-        scenarios=chosen,
-        duration_s=duration,
-        warmup_s=warmup,
-        slo=slo,
-        fixed_ttft_slo_ms=ttft_slo_ms if slo is None else None,
-        slo_factor=slo_factor,
-        window_s=window_s,
-        results=str(results),
-        **({"static_sweep": sweep} if sweep else {}),
-        **({"budget_sweep": budgets} if budgets else {}),
-        pipeline=PipelineConfig(
-            max_model_len=int(config.flag("max-model-len", 32768)),
-            ignore_eos=config.model.local_name is not None,
-            section_summary_tokens=64,
-            final_summary_tokens=96,
-        ),
-    )
-    out_dir = bench_paths(results, cfg.bench_id)
-    cfg.corpus = str(
-        write_corpus(
-            make_corpus(
-                CorpusSpec(docs=docs, min_tokens=min_tokens, max_tokens=max_tokens, seed=seed),
-                tokenizer,
-            ),
-            out_dir / "corpus.parquet",
-        )
-    )
-    with ReplicaSet(results / "engines").running(config, str(engine_config), port) as started:
-        replicas = [(r.name, r.base_url) for r in started]
-        out = run_scenarios(cfg, replicas, config.model.served_name, tokenizer)
-    out["bench_id"] = cfg.bench_id
-    command = shlex.join(["nightshift", *sys.argv[1:]])
-    json_out.parent.mkdir(parents=True, exist_ok=True)
-    json_out.write_text(json.dumps(out, indent=2))
-    _load(results, list(out["run_ids"].values()))
-    md, page = write(out, out_dir, command)
-    typer.echo(md.read_text())
-    typer.echo(f"OUT.json: {json_out}\nreport: {page}")
+    to_stdout = write_json(json_out, out)
+    csv_path = write_csv(out, json_out)
+    md, page = write(out, out_dir, shlex.join(["nightshift", *sys.argv[1:]]))
+    typer.echo(md.read_text(), err=to_stdout)
+    typer.echo(f"OUT.json: {json_out}\nOUT.csv: {csv_path}\nreport: {page}", err=to_stdout)
 
 
 def _parse_sweep(text: str | None) -> tuple[tuple[int, int], ...] | None:
@@ -231,9 +192,3 @@ def _parse_budgets(text: str | None) -> tuple[tuple[int, float], ...] | None:
     if not budgets:
         raise fail("--budget-sweep is empty: give at least one SEATSxSHARE, e.g. 8x0.6")
     return tuple(budgets)
-
-
-def _load(results: Path, run_ids: list[str]) -> None:
-    from warehouse.load import load_results
-
-    load_results(results, run_ids)

@@ -1,16 +1,15 @@
 """`nightshift calibrate`: fit the step-latency model to a real replica and save it as JSON.
 
-Measures a running replica (`--replica-url`) or one started from the engine config for the length of
-the sweep, then prints how well the fitted model reproduces the measured steps. The saved file is
+Parses the options and prints the fit; the sweep is `serving.calibration_run` (a running replica,
+`--replica-url`, or one started from the engine config for the length of the sweep). It prints how
+well the fitted model reproduces the measured steps. The saved file is
 what `nightshift simulate --latency-model` and the SLO controller read; the measured steps go
 beside it (FIT.samples.jsonl), and `--refit` fits such a file again without any replica.
 """
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
-import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
@@ -19,13 +18,10 @@ import typer
 from flows.cli_engine import fail, load_config_or_exit
 
 if TYPE_CHECKING:
-    from scheduler.latency_model import LatencyModel
     from serving.calibration import CalibrationResult
     from serving.calibration_plan import SweepPlan
     from serving.engine_config import EngineConfig
 
-FIRST_PORT = 8300
-"""Where the search for a free port starts when the command launches its own replica."""
 COEFFICIENT_HELP = {
     "s_per_token": "a: matmul s per scheduled token",
     "s_weight_read": "b: s to stream the weights once",
@@ -69,7 +65,7 @@ def calibrate_command(
     ] = False,
     port: Annotated[
         int | None,
-        typer.Option(help=f"Port of the started replica (default: first free from {FIRST_PORT})."),
+        typer.Option(help="Port of the started replica (default: first free from 8000)."),
     ] = None,
     repeats: Annotated[
         int | None,
@@ -86,6 +82,7 @@ def calibrate_command(
     """Time engine steps across decode batches, contexts and prefill positions; fit and save."""
     from serving.calibration import save
     from serving.calibration_plan import CalibrationError
+    from serving.calibration_run import measure, sweep_plan
 
     if out.name.endswith(".samples.jsonl"):
         raise fail(f"--out {out}: name the model's JSON file (FIT.json); its steps go beside it")
@@ -99,11 +96,11 @@ def calibrate_command(
                    "saved steps")  # fmt: skip
     config = load_config_or_exit(engine_config)
     try:
-        plan = _plan(config, quick, repeats)
+        plan = sweep_plan(config, quick, repeats)
         _echo_plan(plan)
         if replica_url is not None:
             _check_replica(replica_url, config.model.served_name)
-            result = _measure(replica_url, config, plan, seed)
+            result = measure(replica_url, config, plan, seed, _say)
         else:
             result = _measure_own_replica(
                 config, engine_config, plan, seed, port, state_dir, start_timeout
@@ -124,10 +121,11 @@ def calibrate_command(
 def _refit(samples: Path, out: Path, engine_config: Path | None) -> None:
     """Fit saved steps, with the config's prior when one is named, and save like a calibration."""
     from serving.calibration import refit, save
+    from serving.calibration_run import prior
 
     config = load_config_or_exit(engine_config) if engine_config is not None else None
     try:
-        result = refit(samples, _prior(config) if config is not None else None)
+        result = refit(samples, prior(config) if config is not None else None)
     except ValueError as exc:
         raise fail(str(exc)) from None
     provenance = {"refit_from": str(samples)}
@@ -136,51 +134,6 @@ def _refit(samples: Path, out: Path, engine_config: Path | None) -> None:
     save(result, out, provenance)
     _echo_result(config.name if config else samples.name, result)
     _echo_written(out)
-
-
-def _plan(config: EngineConfig, quick: bool, repeats: int | None) -> SweepPlan:
-    from serving.calibration_plan import QUICK, SweepConfig, engine_limits, plan_sweep
-
-    sweep = QUICK if quick else SweepConfig()
-    if repeats is not None:
-        sweep = dataclasses.replace(sweep, repeats=repeats)
-    return plan_sweep(engine_limits(config, _kv_capacity(config)), sweep)
-
-
-def _kv_capacity(config: EngineConfig) -> int | None:
-    """The simulator's KV pool size for this config; None when the config names no model spec."""
-    from flows.cli_simulate import SimulateError, kv_capacity
-    from scheduler.specs import SpecError
-
-    try:
-        return kv_capacity(config)
-    except (SimulateError, SpecError):
-        return None
-
-
-def _prior(config: EngineConfig) -> LatencyModel | None:
-    """The roofline prior on GPUs: it fills in terms a sweep cannot excite; CPUs have none."""
-    if config.hardware.kind != "gpu" or config.hardware.gpu_type is None or not config.model.spec:
-        return None
-    from flows.cli_simulate import step_model
-
-    return step_model(config, None)
-
-
-def _measure(
-    url: str, config: EngineConfig, plan: SweepPlan, seed: int, engine_steps: Path | None = None
-) -> CalibrationResult:
-    from serving.calibration import calibrate, prompt_vocab
-
-    start = time.monotonic()
-
-    def progress(message: str) -> None:
-        typer.echo(f"  [{time.monotonic() - start:4.0f} s] {message}", err=True)
-
-    return asyncio.run(
-        calibrate(url, config.model.served_name, plan, prompt_vocab(config), _prior(config),
-                  seed, progress, engine_steps)
-    )  # fmt: skip
 
 
 def _measure_own_replica(
@@ -192,38 +145,20 @@ def _measure_own_replica(
     state_dir: Path,
     timeout_s: float,
 ) -> CalibrationResult:
-    from serving.engine_site.step_log import STEP_LOG_ENV
-    from serving.launcher import EngineStartError, ReplicaSet, uses_plugin
+    from serving.calibration_run import measure_own_replica
+    from serving.launcher import EngineStartError, NoFreePort
     from serving.paths import SetupError
 
-    port = port if port is not None else _free_port()
-    typer.echo(f"starting {config.name} on port {port} (stopped when calibration ends)", err=True)
-    # A replica with the plug-in times its own steps: the fit then sees them without the
-    # request overhead that timing from outside adds (serving/engine_site/step_log.py).
-    steps = state_dir / f"{config.name}-{port}.steps.jsonl" if uses_plugin(config) else None
-    if steps is not None:
-        state_dir.mkdir(parents=True, exist_ok=True)
-        steps.unlink(missing_ok=True)
     try:
-        with ReplicaSet(state_dir).running(
-            config,
-            str(config_path),
-            port,
-            timeout_s=timeout_s,
-            extra_env={STEP_LOG_ENV: str(steps.resolve())} if steps else None,
-        ) as started:
-            return _measure(started[0].base_url, config, plan, seed, steps)
-    except (SetupError, EngineStartError) as exc:
+        return measure_own_replica(
+            config, config_path, plan, seed, port, state_dir, timeout_s, _say
+        )
+    except (SetupError, EngineStartError, NoFreePort) as exc:
         raise fail(str(exc)) from None
 
 
-def _free_port() -> int:
-    from serving.launcher import port_in_use
-
-    for port in range(FIRST_PORT, FIRST_PORT + 100):
-        if not port_in_use("127.0.0.1", port):
-            return port
-    raise fail(f"no free port in {FIRST_PORT}-{FIRST_PORT + 99}; pass --port")
+def _say(line: str) -> None:
+    typer.echo(line, err=True)
 
 
 def _check_replica(url: str, served_name: str) -> None:

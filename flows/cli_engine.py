@@ -9,6 +9,8 @@ from pathlib import Path
 
 import typer
 
+from serving.paths import DEFAULT_PORT
+
 engine_app = typer.Typer(
     help="Start, inspect and stop vLLM replicas from engine configs.", no_args_is_help=True
 )
@@ -45,10 +47,15 @@ def load_config_or_exit(path: Path):
 
 @engine_app.command("up")
 def up(
-    config_path: Path = typer.Argument(
-        ..., help="Engine config YAML, e.g. engine_configs/cpu-tiny.yaml"
+    config_arg: Path = typer.Argument(
+        None, metavar="[CONFIG]", help="The engine config, as --engine-config (older spelling)."
     ),
-    port: int = typer.Option(8000, help="Port of the first replica; further replicas count up."),
+    engine_config: Path = typer.Option(
+        None, help="Engine config YAML, e.g. engine_configs/cpu-tiny.yaml"
+    ),
+    port: int = typer.Option(
+        DEFAULT_PORT, help="Port of the first replica; further replicas count up."
+    ),
     replicas: int = typer.Option(1, min=1, help="How many replicas to start."),
     host: str = typer.Option("127.0.0.1", help="Address to listen on."),
     timeout: float = typer.Option(300.0, help="Seconds to wait for /health."),
@@ -63,6 +70,7 @@ def up(
     from serving.paths import SetupError
     from serving.vllm_flags_check import check_vllm_flags
 
+    config_path = _one_config(engine_config, config_arg)
     config = load_config_or_exit(config_path)
     try:
         check_vllm_flags(config, config_path)  # vLLM's own parser, before anything starts
@@ -76,6 +84,18 @@ def up(
         raise fail(str(exc)) from None
     for r in started:
         typer.echo(f"{r.name}  {r.base_url}  pid {r.pid}  log {r.log}")
+
+
+def _one_config(option: Path | None, positional: Path | None) -> Path:
+    """`--engine-config PATH`, or the config given positionally as before; exactly one."""
+    if option is not None and positional is not None and option != positional:
+        raise fail(
+            f"two engine configs given ({positional} and --engine-config {option}): keep one"
+        )
+    path = option or positional
+    if path is None:
+        raise fail("give the engine config: --engine-config engine_configs/cpu-tiny.yaml")
+    return path
 
 
 @engine_app.command("status")
@@ -201,3 +221,66 @@ def budget(
         raise fail(str(exc)) from None
     what = "batch prefill paused" if pause else f"batch step target {target_ms:g} ms"
     typer.echo(f"{target.name}: {what} (seq {doc.seq}, expires in {ttl_s:g} s)")
+
+
+@engine_app.command("import-config")
+def import_config(
+    vllm_config: Path = typer.Argument(..., help="A `vllm serve --config` YAML file."),
+    name: str = typer.Option(None, help="Replica class name; default: the file's stem."),
+    out: Path = typer.Option(
+        None, help="Engine config to write; default: engine_configs/<name>.yaml."
+    ),
+    kind: str = typer.Option("gpu", help="Hardware kind of the replicas: gpu or cpu."),
+    gpu_type: str = typer.Option(None, help="GPU name in the planner's table, e.g. h100-sxm."),
+    hourly_usd: float = typer.Option(0.0, min=0, help="Price of one replica-hour."),
+    plugin: bool = typer.Option(
+        True, help="Select the engine plug-in and priority scheduling (what nightshift steers)."
+    ),
+    force: bool = typer.Option(False, help="Overwrite OUT when it exists."),
+    dry_run: bool = typer.Option(
+        False, "--dry-run", help="Print the engine config and the engine command; write nothing."
+    ),
+) -> None:
+    """Turn a team's `vllm serve --config` file into an engine config."""
+    import yaml
+    from pydantic import ValidationError
+
+    from serving.engine_config import EngineConfig, describe_errors
+    from serving.launcher import engine_argv
+    from serving.paths import SetupError
+    from serving.vllm_config_import import ImportConfigError, import_vllm_config
+
+    if not vllm_config.is_file():
+        raise fail(f"{vllm_config}: no such file")
+    name = name or vllm_config.stem
+    out = out or Path("engine_configs") / f"{name}.yaml"
+    try:
+        raw = yaml.safe_load(vllm_config.read_text())
+        imported = import_vllm_config(raw, name, kind, gpu_type, hourly_usd, plugin)
+        config = EngineConfig.model_validate(imported.config)
+    except yaml.YAMLError as exc:
+        raise fail(f"{vllm_config}: not valid YAML: {exc}") from None
+    except ImportConfigError as exc:
+        raise fail(f"{vllm_config}: {exc}") from None
+    except ValidationError as exc:
+        raise fail(describe_errors(vllm_config, exc)) from None
+    text = (
+        f"# Imported from {vllm_config.name} by `nightshift engine import-config`.\n"
+        + yaml.safe_dump(
+            config.model_dump(exclude_none=True, exclude_defaults=False), sort_keys=False
+        )  # fmt: skip
+    )
+    for note in imported.notes:
+        typer.secho(f"note: {note}", err=True)
+    if dry_run:
+        typer.echo(text)
+        try:
+            typer.echo(shlex.join(engine_argv(config, 8000)))
+        except SetupError as exc:
+            raise fail(str(exc)) from None
+        return
+    if out.exists() and not force:
+        raise fail(f"{out} exists; pass --force to overwrite it or --out another path")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(text)
+    typer.echo(f"wrote {out}; check it with `nightshift engine up {out} --dry-run`")

@@ -19,7 +19,6 @@ FIT = Path("engine_configs/fits/cpu-small.json")
 CONFIG_FP32 = Path("engine_configs/cpu-small-fp32.yaml")
 FIT_FP32 = Path("engine_configs/fits/cpu-small-fp32.json")
 RESULTS = Path("results")
-PORT = 8000
 DOCS, MIN_TOKENS, MAX_TOKENS = 16, 1500, 8000
 CHAT_RATE, CHAT_SCALE, BASELINE_S = 1.0, 0.1, 20.0
 SECTION_TOKENS = 1024
@@ -35,13 +34,12 @@ def main() -> int:
     from bench.chat_load import ChatLoadSpec
     from bench.chat_sessions import ChatShape
     from bench.chat_thread import ChatLoadThread
-    from bench.scoring import chat_latency
-    from bench.verdicts import engine_itl_floor_ms, slo_from_chat_only
+    from bench.slo_baseline import measure_slo
     from flows.nightly import default_pipeline, nightly_summarization
     from pipelines.corpus_maker import CorpusSpec, make_corpus, write_corpus
     from scheduler.latency_model import LatencyModel
     from serving.engine_config import load_engine_config
-    from serving.launcher import ReplicaSet
+    from serving.launcher import ReplicaSet, free_port
     from serving.tokenizer import tokenizer_for
 
     config_path, fit_path = host_config()
@@ -51,28 +49,21 @@ def main() -> int:
     spec = CorpusSpec(docs=DOCS, min_tokens=MIN_TOKENS, max_tokens=MAX_TOKENS, seed=0)
     corpus = write_corpus(make_corpus(spec, tokenizer), RESULTS / "demo" / "corpus.parquet")
     print(f"corpus: {DOCS} documents of {MIN_TOKENS}-{MAX_TOKENS} tokens at {corpus}")
-    print(f"starting {config.name} on port {PORT} (about a minute) ...", flush=True)
+    port = free_port()
+    print(f"starting {config.name} on port {port} (about a minute) ...", flush=True)
     shape = ChatShape().scaled(CHAT_SCALE)
-    with ReplicaSet(RESULTS / "engines").running(config, str(config_path), PORT) as started:
+    with ReplicaSet(RESULTS / "engines").running(config, str(config_path), port) as started:
         replicas = [(r.name, r.base_url) for r in started]
-        # This machine's SLO: 3x what chat alone gets here (a GPU fleet states its own, e.g.
-        # 50 ms ITL p99); measured now, because a shared CPU's speed varies from run to run. ITL
-        # no tighter than two full engine steps (bench.verdicts.itl_floor_ms says why).
+        # This machine's SLO: 3x what chat alone gets here, measured now (bench/slo_baseline.py).
         print(f"chat alone for {BASELINE_S:.0f} s, to set this machine's SLO ...", flush=True)
-        alone = ChatLoadThread(
-            replicas,
-            config.model.served_name,
-            tokenizer,
-            ChatLoadSpec(shape=shape, rate=CHAT_RATE, duration_s=BASELINE_S, seed=1),
-            f"{run_id}-alone",
-        )
-        baseline = chat_latency(alone.start().join().records)
-        floor = engine_itl_floor_ms(LatencyModel.from_json(fit_path), config.vllm)
-        slo = slo_from_chat_only(baseline, factor=3.0, window_s=15.0, itl_floor_ms=floor)
-        if slo.chat_itl_p99_ms == floor:
+        alone = ChatLoadSpec(shape=shape, rate=CHAT_RATE, duration_s=BASELINE_S, seed=1)
+        fit = LatencyModel.from_json(fit_path)
+        measured = measure_slo(replicas, config, tokenizer, alone, f"{run_id}-alone", fit)
+        slo = measured.slo
+        if measured.floored:
             print(
-                f"3x chat alone is an ITL p99 of {3 * baseline['itl_ms']['p99']:.0f} ms, under "
-                f"two full engine steps; the SLO takes those instead",
+                f"3x chat alone is an ITL p99 of {3 * measured.chat_alone['itl_ms']['p99']:.0f} "
+                "ms, under two full engine steps; the SLO takes those instead",
                 flush=True,
             )
         print(
@@ -144,28 +135,10 @@ def print_morning_report(run_id: str, out: dict, slo) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    from warehouse.db import connect, db_path
+    from warehouse.run_figures import run_figures
 
-    db = db_path(RESULTS)
-    con = connect(db, read_only=True)
-    try:
-        latency = (
-            con.execute("SELECT * FROM class_latency WHERE run_id = ? ORDER BY class", [run_id])
-            .fetch_df()
-            .to_dict("records")
-        )
-        goodput = (
-            con.execute("SELECT * FROM batch_goodput WHERE run_id = ?", [run_id])
-            .fetch_df()
-            .to_dict("records")[0]
-        )
-        cost = (
-            con.execute("SELECT * FROM cost WHERE run_id = ?", [run_id])
-            .fetch_df()
-            .to_dict("records")[0]
-        )
-    finally:
-        con.close()
+    figures = run_figures(RESULTS, run_id)
+    db, latency, goodput, cost = figures.db, figures.latency, figures.goodput, figures.cost
     console = Console(width=150)
     table = Table(title=f"run {run_id}: latency (ms)")
     for col in (

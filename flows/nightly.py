@@ -2,24 +2,33 @@
 
 Each step is a Prefect task with the retries that suit it: the pipeline resumes where it stopped,
 so retrying it never redoes a finished document; loading replaces a run's rows, so it is safe to
-repeat. Results land as Prefect artifacts (the Markdown report and a latency table) beside the files
-under `results/`.
+repeat. The run id and the deadline follow from the night's scheduled start (`pipelines/night.py`),
+so a retried or rerun night resumes the same run. Results land as Prefect artifacts (the Markdown
+report and a latency table) beside the files under `results/`.
+
+Replica credentials come from the environment only (`serving/replica_auth.py`): flow parameters
+are stored by the Prefect server and shown in its UI, so a key must never be one.
 """
 
 from __future__ import annotations
 
-import time
 from dataclasses import asdict
+from datetime import UTC, datetime
 from pathlib import Path
 
 from prefect import flow, get_run_logger, task
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
+from prefect.cache_policies import NO_CACHE
 
-from flows.replicas import replicas_for_run
+from flows.replicas import read_replica_file, replicas_for_run
 from pipelines.config import PipelineConfig
 from pipelines.job import JobResult, JobSpec, run_job
+from pipelines.night import deadline_after, night_run_id
+from pipelines.run_metrics import RunMetrics, serving_night
 from scheduler.slo import SLO
 from serving.engine_config import load_engine_config
+from serving.prometheus_selectors import DEFAULT_SELECTOR, check_selectors, replica_selectors
+from serving.replica_auth import ReplicaAuth
 
 
 @task(retries=2, retry_delay_seconds=5)
@@ -45,8 +54,9 @@ def plan_caps(latency_model: str | None, slo: SLO, max_model_len: int) -> list[d
     ]
 
 
-@task(retries=1, retry_delay_seconds=10)
+@task(retries=1, retry_delay_seconds=10, cache_policy=NO_CACHE)
 def run_pipeline(spec: JobSpec) -> JobResult:
+    """Never cached: a retry must resume the run, and the spec holds live metrics and auth."""
     return run_job(spec)
 
 
@@ -93,6 +103,7 @@ def nightly_summarization(
     corpus: str,
     engine_config: str,
     replica_urls: list[str] | None = None,
+    replica_file: str | None = None,
     replicas: int = 1,
     run_id: str | None = None,
     results: str = "results",
@@ -103,54 +114,109 @@ def nightly_summarization(
     static_caps: tuple[int, int] = (4, 2048),
     metrics_port: int | None = None,
     pushgateway: str | None = None,
+    prometheus_url: str | None = None,
+    prometheus_selector: str = DEFAULT_SELECTOR,
+    deadline: str | None = None,
+    timezone: str = "UTC",
     show_progress: bool = True,
     budget: tuple[int, float] = (4, 40.0),
     stop_after_s: float | None = None,
 ) -> dict:
-    """Tonight's corpus, summarized on the shared replicas without breaking chat's SLO."""
+    """Tonight's corpus, summarized on the shared replicas without breaking chat's SLO.
+
+    `run_id` defaults to `nightly-YYYY-MM-DD`, the night's scheduled date in `timezone`;
+    `deadline` (HH:MM in `timezone`) stops batch admission, and the night ends partial."""
     log = get_run_logger()
     config = load_engine_config(engine_config)
-    run_id = run_id or time.strftime("run-%Y%m%d-%H%M%S")
+    start = scheduled_start()
+    run_id = run_id or night_run_id(start, timezone)
+    deadline_ts = deadline_after(start, deadline, timezone).timestamp() if deadline else None
+    urls = list(replica_urls or []) + (read_replica_file(replica_file) if replica_file else [])
+    auth = ReplicaAuth.from_env()
     slo = slo or SLO()
     pipeline = pipeline or default_pipeline(config)
-    with replicas_for_run(
-        config,
-        engine_config,
-        replica_urls or [],
-        replicas,
-        state_dir=str(Path(results) / "engines"),
-    ) as live:
-        log.info("run %s on %s", run_id, ", ".join(url for _, url in live))
-        preview = plan_caps(latency_model, slo, pipeline.max_model_len)
-        log.info("batch chunk by prefix position at the ITL SLO, chat idle: %s", preview)
-        job = run_pipeline(
-            JobSpec(
-                corpus=corpus,
-                engine_config=engine_config,
-                replicas=live,
-                run_id=run_id,
-                results=results,
-                pipeline=pipeline,
-                slo=slo,
-                policy=policy,
-                latency_model=latency_model,
-                static_caps=static_caps,
-                budget=budget,
-                engine_state_dir=str(Path(results) / "engines"),
-                stop_after_s=stop_after_s,
-                metrics_port=metrics_port,
-                pushgateway=pushgateway,
-                show_progress=show_progress,
+    metrics = RunMetrics(run_id)
+    with serving_night(metrics, metrics_port, pushgateway, deadline_ts) as night:
+        if metrics.port is not None:
+            log.info("metrics of run %s on port %d", run_id, metrics.port)
+        with replicas_for_run(
+            config,
+            engine_config,
+            urls,
+            replicas,
+            state_dir=str(Path(results) / "engines"),
+            auth=auth,
+        ) as live:
+            log.info("run %s on %s", run_id, ", ".join(url for _, url in live))
+            preview = plan_caps(latency_model, slo, pipeline.max_model_len)
+            log.info("batch chunk by prefix position at the ITL SLO, chat idle: %s", preview)
+            sensor = None
+            if prometheus_url:
+                check_selectors(prometheus_url, replica_selectors(prometheus_selector, live))
+                sensor = {
+                    "kind": "prometheus",
+                    "url": prometheus_url,
+                    "selector": prometheus_selector,
+                    "window_s": slo.window_s,
+                }
+            job = run_pipeline(
+                JobSpec(
+                    corpus=corpus,
+                    engine_config=engine_config,
+                    replicas=live,
+                    run_id=run_id,
+                    results=results,
+                    pipeline=pipeline,
+                    slo=slo,
+                    policy=policy,
+                    latency_model=latency_model,
+                    static_caps=static_caps,
+                    budget=budget,
+                    engine_state_dir=str(Path(results) / "engines"),
+                    sensor=sensor,
+                    stop_after_s=stop_after_s,
+                    deadline_ts=deadline_ts,
+                    metrics=metrics,
+                    auth=auth,
+                    show_progress=show_progress,
+                )
             )
+        loaded = load_warehouse(results, run_id)
+        report = publish_report(results, run_id)
+        night.value = "partial" if job.docs_stopped else "success"
+    log.info(
+        "run %s %s: %d done, %d failed, %d skipped, %d already done, %d left",
+        run_id,
+        night.value,
+        job.docs_done,
+        job.docs_failed,
+        job.docs_skipped,
+        job.docs_already_done,
+        job.docs_stopped,
+    )
+    if job.docs_stopped:
+        log.warning(
+            "run %s is partial: %d documents left at the deadline; rerun with the same run id "
+            "to finish them",
+            run_id,
+            job.docs_stopped,
         )
-    loaded = load_warehouse(results, run_id)
-    report = publish_report(results, run_id)
     return {
         "run_id": run_id,
+        "outcome": night.value,
         "job": asdict(job) | {"run_dir": str(job.run_dir)},
         "loaded": loaded,
         "report": report,
     }
+
+
+def scheduled_start() -> datetime:
+    """When this flow run was scheduled to start (a deployment's cron slot; now, for a flow
+    called directly), as an aware UTC datetime."""
+    from prefect.runtime import flow_run
+
+    start = flow_run.scheduled_start_time
+    return datetime.fromtimestamp(start.timestamp(), UTC)
 
 
 def default_pipeline(config) -> PipelineConfig:

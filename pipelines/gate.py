@@ -28,9 +28,8 @@ import contextlib
 import itertools
 import logging
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
-from pathlib import Path
 from typing import Any
 
 import ray
@@ -38,22 +37,19 @@ import ray
 from pipelines.errors import RunStopped
 from pipelines.gate_metrics import GateMetrics
 from pipelines.gate_setup import (
-    PolicyName,
-    build_policy,
+    GateConfig,
     build_sensor,
     check_interval,
-    check_sensor_spec,
     load_latency_model,
     plugin_sensor,
     sensor_window_s,
 )
 from scheduler.admission import BatchInFlight, Decision, Observation
 from scheduler.budget_controller import BudgetControllerConfig
-from scheduler.slo import SLO
-from scheduler.step import StepTimeModel
 from serving import engine_control
-from serving.engine_control import ControlError, ControlTarget
-from serving.sensors import Sensor, StreamedTimingsSensor
+from serving.engine_control import ControlError
+from serving.replica_auth import ReplicaAuth
+from serving.sensors import StreamedTimingsSensor
 
 log = logging.getLogger("nightshift.gate")
 
@@ -113,41 +109,38 @@ class GateActor:
         self,
         run_id: str,
         replicas: Iterable[tuple[str, str]],
-        slo: SLO | None = None,
-        policy: PolicyName = "slo",
-        controller: BudgetControllerConfig | None = None,
-        latency_model: str | Path | StepTimeModel | None = None,
-        static_caps: tuple[int, int] = (4, 2048),
-        sensor: Mapping[str, Any] | Sensor | None = None,
-        interval_s: float = 5.0,
-        metrics_port: int | None = None,
-        engine_flags: Mapping[str, Any] | None = None,
-        budget: tuple[int, float] = (4, 40.0),
-        control_targets: Mapping[str, ControlTarget] | None = None,
+        config: GateConfig | None = None,
+        **settings: Any,
     ) -> None:
+        """`config`, or the same settings as keywords (`GateConfig`'s fields)."""
+        if config is not None and settings:
+            raise ValueError(f"give a GateConfig or its settings, not both ({', '.join(settings)})")
+        config = config or GateConfig(**settings)
+        self.config = config
         self.run_id = run_id
         self.replicas = {name: _Replica(name, url) for name, url in replicas}
         if not self.replicas:
             raise ValueError("a Gate needs at least one replica (name, base_url)")
-        self.slo = slo or SLO()
-        self.policy = build_policy(
-            policy, self.slo, controller, latency_model, static_caps, engine_flags, budget
-        )
-        check_interval(policy, controller, interval_s)
-        self.kv_high_water = (controller or BudgetControllerConfig()).kv_high_water
-        self.kv_guarded = policy == "slo"
+        self.slo = config.slo
+        self.policy = config.build_policy()
+        check_interval(config.policy, config.controller, config.interval_s)
+        self.kv_high_water = (config.controller or BudgetControllerConfig()).kv_high_water
+        self.kv_guarded = self.policy.guards_kv
         """Baselines are blind to KV by design; the controller's KV room is checked at grants."""
-        steers = policy in ("slo", "budget")
-        self.model = load_latency_model(policy, latency_model) if steers else None
-        self.control = dict(control_targets or {}) if steers else {}
-        sensor = sensor or {"kind": "vllm"}
+        steers = self.policy.steers_engine
+        self.model = load_latency_model(config.policy, config.latency_model) if steers else None
+        self.control = dict(config.control_targets or {}) if steers else {}
+        sensor = config.sensor or {"kind": "vllm"}
         self.streamed = StreamedTimingsSensor(self.replicas, window_s=sensor_window_s(sensor))
         urls = {r.name: r.base_url for r in self.replicas.values()}
-        self.plugin = plugin_sensor(control_targets, sensor)
-        self.sensor = build_sensor(sensor, urls, self.streamed, self.plugin)
-        self.interval_s = interval_s
+        self.plugin = plugin_sensor(config.control_targets, sensor)
+        headers = (config.auth or ReplicaAuth()).http_headers()
+        self.sensor = build_sensor(sensor, urls, self.streamed, self.plugin, headers)
+        self.interval_s = config.interval_s
         self.metrics = GateMetrics()
-        self.metrics_port = self.metrics.serve(metrics_port) if metrics_port is not None else None
+        self.metrics.set_slo(self.slo)
+        port = config.metrics_port
+        self.metrics_port = self.metrics.serve(port) if port is not None else None
         self._rows: list[dict] = []
         self._ids = itertools.count(1)
         self._counts = {"granted": 0, "released": 0, "failed": 0, "polls": 0, "sensor_errors": 0,
@@ -269,6 +262,10 @@ class GateActor:
         rows = self.plugin.step_rows if self.plugin is not None else []
         return [{"run_id": self.run_id, **row} for row in rows]
 
+    async def metrics_text(self) -> bytes:
+        """The Gate's series in Prometheus's text format: a run serves them on its own port."""
+        return self.metrics.exposition()
+
     async def stats(self) -> dict:
         return {
             **self._counts,
@@ -301,6 +298,8 @@ class GateActor:
             for row in self.plugin.step_rows[self._steps_exported :]:
                 self.metrics.record_steps(row)
             self._steps_exported = len(self.plugin.step_rows)
+            for name, doc in self.plugin.latest.items():
+                self.metrics.record_status(name, doc)
         self._counts["polls"] += 1
         async with self._cond:
             self._cond.notify_all()
@@ -499,24 +498,19 @@ def gate_name(run_id: str) -> str:
 
 
 def start_gate(
-    run_id: str, replicas: Iterable[tuple[str, str]], lifetime: str | None = None, **kwargs
+    run_id: str,
+    replicas: Iterable[tuple[str, str]],
+    lifetime: str | None = None,
+    config: GateConfig | None = None,
+    **settings,
 ):
-    """Create the run's Gate, or join it if it already exists. Arguments are checked here first,
-    so a typo fails in the caller with its message rather than later inside the actor."""
-    replicas = list(replicas)
-    build_policy(
-        kwargs.get("policy", "slo"),
-        kwargs.get("slo") or SLO(),
-        kwargs.get("controller"),
-        kwargs.get("latency_model"),
-        kwargs.get("static_caps", (4, 2048)),
-        kwargs.get("engine_flags"),
-        kwargs.get("budget", (4, 40.0)),
-    )
-    check_interval(
-        kwargs.get("policy", "slo"), kwargs.get("controller"), kwargs.get("interval_s", 5.0)
-    )
-    check_sensor_spec(kwargs.get("sensor") or {})
+    """Create the run's Gate, or join it if it already exists. Its settings (`config`, or
+    `GateConfig`'s fields as keywords) are checked here first, so a typo fails in the caller
+    with its message rather than later inside the actor."""
+    if config is not None and settings:
+        raise ValueError(f"give a GateConfig or its settings, not both ({', '.join(settings)})")
+    config = config or GateConfig(**settings)
+    config.check()
     return Gate.options(name=gate_name(run_id), get_if_exists=True, lifetime=lifetime).remote(
-        run_id, replicas, **kwargs
+        run_id, list(replicas), config
     )

@@ -40,7 +40,13 @@ connection)."""
 class HttpClientPool:
     """One StreamingClient per replica over one shared connection pool."""
 
-    def __init__(self, model: str, run_id: str, config: ClientConfig | None = None) -> None:
+    def __init__(
+        self,
+        model: str,
+        run_id: str,
+        config: ClientConfig | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
         self.model = model
         self.run_id = run_id
         self.config = config or BATCH_CLIENT
@@ -49,6 +55,7 @@ class HttpClientPool:
                 self.config.read_timeout_s, connect=self.config.connect_timeout_s
             ),
             limits=httpx.Limits(max_connections=None, max_keepalive_connections=64),
+            headers=headers,
         )
         self._clients: dict[str, StreamingClient] = {}
 

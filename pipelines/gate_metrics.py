@@ -2,13 +2,53 @@
 
 A dedicated CollectorRegistry keeps these series apart from anything else in the process (Ray's own
 metrics, a second Gate in tests), and lets the exporter run without touching the global registry.
+A run serves them on its own metrics port (`exposition()`, relayed by `pipelines.run_metrics`), so
+one scrape target holds the whole night; `serve` remains for a Gate used on its own.
+
+Chat's own latency histograms are the engine plug-in's (its status document, cumulative since the
+engine started like any Prometheus counter), exported as they are read: chat judged by chat's
+numbers on dashboards too, where vLLM's histograms mix in batch tokens.
 """
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
+from collections.abc import Iterator
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest, start_http_server
+from prometheus_client.core import HistogramMetricFamily, Metric
 
 from scheduler.admission import Decision, Observation
+from scheduler.slo import SLO
+
+CHAT_HISTOGRAMS = {
+    "chat_itl_seconds": ("nightshift_chat_itl_seconds", "Chat inter-token gaps, in the engine."),
+    "chat_ttft_seconds": (
+        "nightshift_chat_ttft_seconds",
+        "Chat time to first token from arrival, in the engine.",
+    ),
+}
+"""Status document key -> exported histogram name and help."""
+
+
+class PluginHistograms:
+    """A collector of the chat histograms in each replica's latest plug-in status document."""
+
+    def __init__(self) -> None:
+        self.latest: dict[str, dict] = {}
+
+    def collect(self) -> Iterator[Metric]:
+        for key, (name, help_text) in CHAT_HISTOGRAMS.items():
+            family = HistogramMetricFamily(name, help_text, labels=["replica"])
+            for replica, doc in sorted(self.latest.items()):
+                h = doc.get(key)
+                if not h:
+                    continue
+                buckets = [
+                    (repr(float(b)), c) for b, c in zip(h["bounds"], h["cumulative"], strict=False)
+                ]
+                buckets.append(("+Inf", h["count"]))
+                family.add_metric([replica], buckets, h["sum"])
+            yield family
 
 
 class GateMetrics:
@@ -67,7 +107,27 @@ class GateMetrics:
         self.decisions = Counter(
             "nightshift_decisions", "Controller decisions by reason.", ["reason"], registry=r
         )
+        self.slo_itl = Gauge(
+            "nightshift_slo_chat_itl_p99_seconds", "The run's chat ITL p99 SLO.", registry=r
+        )
+        self.slo_ttft = Gauge(
+            "nightshift_slo_chat_ttft_p99_seconds", "The run's chat TTFT p99 SLO.", registry=r
+        )
+        self.chat = PluginHistograms()
+        r.register(self.chat)
         self._server = None
+
+    def set_slo(self, slo: SLO) -> None:
+        self.slo_itl.set(slo.chat_itl_p99_ms / 1000)
+        self.slo_ttft.set(slo.chat_ttft_p99_ms / 1000)
+
+    def record_status(self, replica: str, doc: dict) -> None:
+        """The replica's latest plug-in status document, for the chat histograms."""
+        self.chat.latest[replica] = doc
+
+    def exposition(self) -> bytes:
+        """Every series in the text format, for a scrape served elsewhere."""
+        return generate_latest(self.registry)
 
     def record(self, obs: Observation, decision: Decision, in_flight: int) -> None:
         """Export one decision and the observation it was made on."""

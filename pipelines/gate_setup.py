@@ -7,16 +7,27 @@ says what to change) before a Ray actor is created, where an error would surface
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
-from scheduler.admission import AdmissionPolicy, FixedBudget, NoAdmissionControl, StaticCaps
-from scheduler.budget_controller import BudgetController, BudgetControllerConfig
+import httpx
+
+from scheduler.admission import AdmissionPolicy
+from scheduler.budget_controller import BudgetControllerConfig
 from scheduler.latency_model import LatencyModel
+from scheduler.policy_factory import (
+    PolicyChoice,
+    PolicyName,
+    check_policy_name,
+    make_policy,
+)
 from scheduler.slo import SLO
 from scheduler.step import StepTimeModel
 from serving.engine_control import ControlTarget
 from serving.plugin_sensor import PluginStatusSensor
+from serving.prometheus_selectors import DEFAULT_SELECTOR, check_template, replica_selectors
+from serving.replica_auth import ReplicaAuth
 from serving.sensors import (
     MergedSensor,
     PrometheusSensor,
@@ -24,12 +35,6 @@ from serving.sensors import (
     StreamedTimingsSensor,
     VllmMetricsSensor,
 )
-
-PolicyName = Literal["slo", "budget", "static", "none"]
-POLICIES = ("none", "static", "budget", "slo")
-"""`none`: stock engine, batch at full concurrency; `static`: stock engine, fixed seats (sections
-are the job's); `budget`: the engine plug-in at a fixed batch step target and fixed seats;
-`slo`: the plug-in driven by the SLO controller."""
 
 
 def build_policy(
@@ -41,21 +46,16 @@ def build_policy(
     engine_flags: Mapping[str, Any] | None = None,
     budget: tuple[int, float] = (4, 40.0),
 ) -> AdmissionPolicy:
-    """The admission policy a Gate runs: the SLO controller, or a baseline for comparison.
+    """The admission policy a Gate runs, built by `scheduler.policy_factory` like the simulator's.
 
     `engine_flags` are the replicas' engine config `vllm:` flags: the controller leaves chat its
     share of their `max-num-seqs`. `budget` is (seats, batch step target ms) of policy `budget`."""
-    if policy == "none":
-        return NoAdmissionControl()
-    if policy == "static":
-        return StaticCaps(*static_caps)
-    if policy == "budget":
-        return FixedBudget(*budget)
-    if policy != "slo":
-        raise ValueError(f"unknown policy {policy!r}; use one of {', '.join(POLICIES)}")
-    model = load_latency_model(policy, latency_model)
+    check_policy_name(policy)
+    seats = budget[0] if policy == "budget" else static_caps[0]
+    choice = PolicyChoice(policy, seats, static_caps[1], budget[1])
+    model = load_latency_model(policy, latency_model) if policy == "slo" else None
     slots = (engine_flags or {}).get("max-num-seqs")
-    return BudgetController(slo, model, controller, int(slots) if slots else None)
+    return make_policy(choice, slo, model, controller, int(slots) if slots else None)
 
 
 def load_latency_model(
@@ -77,10 +77,11 @@ def build_sensor(
     replicas: Mapping[str, str],
     streamed: StreamedTimingsSensor,
     plugin: PluginStatusSensor | None = None,
+    headers: Mapping[str, str] | None = None,
 ) -> Sensor:
     """`engine_sensor(...)`, with chat latency and step ratios taken first from the replicas'
     engine plug-in (`plugin`) wherever it has measured them: chat's own numbers."""
-    sensor = engine_sensor(spec, replicas, streamed)
+    sensor = engine_sensor(spec, replicas, streamed, headers)
     return sensor if plugin is None else MergedSensor(sensor, plugin)
 
 
@@ -92,10 +93,15 @@ def plugin_sensor(
 
 
 def engine_sensor(
-    spec: Mapping[str, Any] | Sensor, replicas: Mapping[str, str], streamed: StreamedTimingsSensor
+    spec: Mapping[str, Any] | Sensor,
+    replicas: Mapping[str, str],
+    streamed: StreamedTimingsSensor,
+    headers: Mapping[str, str] | None = None,
 ) -> Sensor:
     """A sensor from a spec: `{"kind": "vllm", "report_ttft": bool}`, `{"kind": "prometheus",
-    "url": ..., "range": "1m"}`, `{"kind": "streamed"}`, or any Sensor object. Engine sensors are
+    "url": ..., "selector": 'instance="{instance}"', "range": "1m"}` (the selector a template
+    filled in per replica, `serving.prometheus_selectors`; the range by default `window_s`),
+    `{"kind": "streamed"}`, or any Sensor object. Engine sensors are
     merged with the streamed timings that `release` and `report` feed, for exact chat latency.
 
     Two more keys apply to `vllm`: `window_s` makes its p99s (and the streamed ones) span that many
@@ -109,11 +115,23 @@ def engine_sensor(
         return streamed
     if kind == "vllm":
         state = VllmMetricsSensor(
-            replicas, report_ttft=spec.get("report_ttft", True), window_s=spec.get("window_s")
+            replicas,
+            client=httpx.AsyncClient(headers=dict(headers)) if headers else None,
+            report_ttft=spec.get("report_ttft", True),
+            window_s=spec.get("window_s"),
         )
         return MergedSensor(state, streamed, itl_from_state=spec.get("itl") == "engine")
-    state = PrometheusSensor(spec["url"], replicas, range_=spec.get("range", "1m"))
+    state = PrometheusSensor(
+        spec["url"],
+        replica_selectors(spec.get("selector", DEFAULT_SELECTOR), replicas.items()),
+        range_=spec.get("range") or prometheus_range(spec.get("window_s")),
+    )
     return MergedSensor(state, streamed)
+
+
+def prometheus_range(window_s: float | None) -> str:
+    """The rate() range of the Prometheus sensor: the SLO's window, the span the SLO judges."""
+    return "1m" if window_s is None else f"{window_s:g}s"
 
 
 def sensor_window_s(spec: Mapping[str, Any] | Sensor | None) -> float | None:
@@ -131,6 +149,8 @@ def check_sensor_spec(spec: Mapping[str, Any] | Sensor) -> str:
         raise ValueError(f"unknown sensor kind {kind!r}; use 'vllm', 'prometheus' or 'streamed'")
     if kind == "prometheus" and "url" not in spec:
         raise ValueError("sensor kind 'prometheus' needs 'url', the Prometheus server's base URL")
+    if kind == "prometheus":
+        check_template(spec.get("selector", DEFAULT_SELECTOR))
     if spec.get("itl", "streamed") not in ("streamed", "engine"):
         raise ValueError(f"sensor 'itl' {spec['itl']!r}: use 'streamed' or 'engine'")
     window = spec.get("window_s")
@@ -152,3 +172,45 @@ def check_interval(
             f"interval_s {interval_s} must be below the controller's stale_after_s "
             f"{stale}; poll more often or raise stale_after_s"
         )
+
+
+@dataclass(frozen=True)
+class GateConfig:
+    """Every setting of a Gate in one frozen value, checked once by `check` in the caller, before
+    a Ray actor exists (an error inside the actor would surface only at its first call).
+
+    `static_caps` are (seats, chunk tokens) of policy `static`, `budget` (seats, batch step
+    target ms) of policy `budget`; `engine_flags` are the replicas' `vllm:` flags, of whose
+    `max-num-seqs` the controller leaves chat its share; `sensor` is a spec (`engine_sensor`) or
+    a Sensor, the vLLM `/metrics` sensor when None; `control_targets` are where the control
+    documents of steering policies go, by replica."""
+
+    slo: SLO = field(default_factory=SLO)
+    policy: PolicyName = "slo"
+    controller: BudgetControllerConfig | None = None
+    latency_model: str | Path | StepTimeModel | None = None
+    static_caps: tuple[int, int] = (4, 2048)
+    budget: tuple[int, float] = (4, 40.0)
+    sensor: Mapping[str, Any] | Sensor | None = None
+    interval_s: float = 5.0
+    metrics_port: int | None = None
+    engine_flags: Mapping[str, Any] | None = None
+    control_targets: Mapping[str, ControlTarget] | None = None
+    auth: ReplicaAuth | None = None
+    """API key and headers for the replicas' routes; never logged (`serving/replica_auth.py`)."""
+
+    def __post_init__(self) -> None:
+        if self.slo is None:  # callers pass slo=None for "the default SLO"
+            object.__setattr__(self, "slo", SLO())
+
+    def build_policy(self) -> AdmissionPolicy:
+        return build_policy(
+            self.policy, self.slo, self.controller, self.latency_model, self.static_caps,
+            self.engine_flags, self.budget,
+        )  # fmt: skip
+
+    def check(self) -> None:
+        """Raise ValueError naming the setting and the fix for anything the Gate would refuse."""
+        self.build_policy()
+        check_interval(self.policy, self.controller, self.interval_s)
+        check_sensor_spec(self.sensor or {})

@@ -27,9 +27,12 @@ from scheduler.budget_controller import BudgetControllerConfig
 from scheduler.slo import SLO
 from serving.engine_config import EngineConfig, load_engine_config
 from serving.engine_itl import EngineItlRecorder
+from serving.replica_auth import ReplicaAuth
 from warehouse.run_files import RunMeta
 
 log = logging.getLogger("nightshift.job")
+RELAY_TIMEOUT_S = 2.0
+"""Longest a scrape of the run's port waits for the Gate's series (Prometheus gives up at 10 s)."""
 
 
 @dataclass
@@ -60,13 +63,18 @@ class JobSpec:
     `/metrics` with p99s sliding over the SLO's window, the span the SLO is judged over, and ITL
     from the engine's histogram, the figure the run's windows are judged by."""
     interval_s: float = 2.0
-    metrics_port: int | None = None
-    gate_metrics_port: int | None = None
-    pushgateway: str | None = None
+    metrics: RunMetrics | None = None
+    """Where the run's and the Gate's series go (the flow serves and pushes them for the night);
+    None keeps them in the process only."""
     show_progress: bool = True
     stop_after_s: float | None = None
     """Stop this long after summarizing starts (benchmarks): nothing more is granted and requests
     in flight are cancelled, so the replicas are free at once; unfinished documents stay to do."""
+    auth: ReplicaAuth | None = None
+    """The replicas' API key and headers, for every request to them (never written down)."""
+    deadline_ts: float | None = None
+    """Unix time after which nothing more is granted (the night's deadline); requests in flight
+    finish, documents not finished are left to do, and the run ends partial."""
     on_summarize_start: Callable[[], None] | None = None
     """Called once documents are tokenized and judged, just before the first permit is asked for
     (a benchmark starts its chat load and its clock here)."""
@@ -112,33 +120,33 @@ def run_job(spec: JobSpec) -> JobResult:
         pc.invert(pc.is_in(corpus.column("doc_id"), pa.array(sorted(already), pa.string())))
     )
     t0 = time.time()
-    metrics = RunMetrics(spec.run_id)
-    if spec.metrics_port is not None:
-        metrics.serve(spec.metrics_port)
+    metrics = spec.metrics or RunMetrics(spec.run_id)
     ray = _init_ray()
     gate = _start_gate(spec, engine)
+    metrics.relay(lambda: ray.get(gate.metrics_text.remote(), timeout=RELAY_TIMEOUT_S))
     totals, problems = {"done": 0, "failed": 0, "stopped": 0, "tokens": 0}, []
-    deadline = None
+    timers = [_stop_at_deadline(gate, spec.deadline_ts)]
     itl = EngineItlRecorder(spec.replicas)
     try:
         with itl:
             if todo.num_rows:
                 tokenized, problems = _tokenize_and_judge(ray, todo, spec)
                 store.write_rejections(problems)
+                metrics.documents_refused(problems)
                 if spec.on_summarize_start is not None:
                     spec.on_summarize_start()
-                deadline = _stop_later(gate, spec.stop_after_s)
+                timers.append(_stop_later(gate, spec.stop_after_s))
                 totals = _summarize(ray, tokenized, spec, engine, store, gate, metrics)
         store.write_decisions(ray.get(gate.decision_rows.remote()))
         store.write_engine_steps(ray.get(gate.engine_step_rows.remote()))
     finally:
-        if deadline is not None:
-            deadline.cancel()
+        for timer in timers:
+            if timer is not None:
+                timer.cancel()
+        metrics.relay(None)
         _stop_gate(ray, gate)
         store.write_engine_itl(itl.series.rows(spec.run_id))
     store.finish(meta)
-    if spec.pushgateway:
-        metrics.push(spec.pushgateway)
     return JobResult(
         run_id=spec.run_id,
         run_dir=store.dir,
@@ -151,6 +159,23 @@ def run_job(spec: JobSpec) -> JobResult:
         batch_tokens=totals["tokens"],
         seconds=time.time() - t0,
     )
+
+
+def _stop_at_deadline(gate, deadline_ts: float | None):
+    """A timer that stops all granting at `deadline_ts`, letting requests in flight finish (at
+    once when it has passed already)."""
+    if deadline_ts is None:
+        return None
+    import threading
+
+    at = time.strftime("%Y-%m-%d %H:%M:%S %Z", time.localtime(deadline_ts))
+    delay = max(0.0, deadline_ts - time.time())
+    if not delay:
+        log.warning("the night's deadline %s has passed: nothing will be admitted", at)
+    timer = threading.Timer(delay, lambda: gate.stop.remote(f"deadline {at}", abort=False))
+    timer.daemon = True
+    timer.start()
+    return timer
 
 
 def _stop_later(gate, after_s: float | None):
@@ -187,14 +212,15 @@ def _init_ray():
 
 def _start_gate(spec: JobSpec, engine: EngineConfig):
     from pipelines.gate import start_gate
-    from serving.replica_targets import control_targets, fit_path
+    from serving.replica_targets import configured_fit, control_targets
 
-    fit = fit_path(spec.engine_config, engine.name)
-    latency_model = spec.latency_model or (str(fit) if fit.is_file() else None)
+    fit = None if spec.latency_model else configured_fit(spec.engine_config, engine)
+    latency_model = spec.latency_model or (str(fit) if fit else None)
 
     # ITL from the engine's histogram even where chat streams its gaps to the Gate: that is what
     # the run's SLO windows are judged by (sql/slo_windows.sql), and client gaps carry host noise.
     sensor = spec.sensor or {"kind": "vllm", "window_s": spec.slo.window_s, "itl": "engine"}
+    auth = spec.auth or ReplicaAuth()
     return start_gate(
         spec.run_id,
         spec.replicas,
@@ -203,10 +229,12 @@ def _start_gate(spec: JobSpec, engine: EngineConfig):
         latency_model=latency_model,
         static_caps=spec.static_caps,
         budget=spec.budget,
-        control_targets=control_targets(spec.replicas, spec.engine_state_dir),
+        control_targets=control_targets(
+            spec.replicas, spec.engine_state_dir, auth.api_key, auth.headers
+        ),
+        auth=auth,
         sensor=sensor,
         interval_s=spec.interval_s,
-        metrics_port=spec.gate_metrics_port,
         controller=spec.controller or engine.controller,
         engine_flags=engine.vllm,
     )
@@ -290,6 +318,7 @@ def _summarize(
             "run_id": spec.run_id,
             "engine_config": spec.engine_config,
             "config": cfg.model_dump(),
+            "auth": spec.auth,
         },
         batch_size=1,
         num_cpus=0.25,

@@ -7,6 +7,8 @@ from dataclasses import dataclass, field
 
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from scheduler.admission import NoAdmissionControl, Observation
+
 
 @dataclass
 class Throughput:
@@ -33,9 +35,15 @@ class Throughput:
         return per_doc * (self.total_docs - self.done_docs)
 
 
+UNCONTROLLED = NoAdmissionControl().decide(Observation(t=0.0, replica="")).reason
+"""The reason policy `none` gives every decision."""
+
+
 def describe_caps(caps: dict[str, dict]) -> str:
     """`r1 4 seats at 25 ms` per replica (the engine plug-in's batch step target), `r1 4 seats`
-    where the engine is stock, `paused` when paused, `down` when out."""
+    where the engine is stock, `uncapped` under policy none (whose caps are only the engine's own,
+    so its placeholder seat count means nothing to a reader), `paused` when paused, `down` when
+    out."""
     parts = []
     for name, c in sorted(caps.items()):
         target = c.get("batch_step_target_ms")
@@ -43,6 +51,8 @@ def describe_caps(caps: dict[str, dict]) -> str:
             parts.append(f"{name} down")
         elif c.get("pause"):
             parts.append(f"{name} paused")
+        elif c.get("reason") == UNCONTROLLED:
+            parts.append(f"{name} uncapped")
         elif target is not None:
             parts.append(f"{name} {c.get('batch_seats')} seats at {target:.0f} ms")
         else:

@@ -20,6 +20,7 @@ from pipelines.corpus import document_texts
 from pipelines.prompts import PromptKit
 from pipelines.summarize import DocOutcome, DocumentJob
 from serving.engine_config import load_engine_config
+from serving.replica_auth import ReplicaAuth
 from serving.tokenizer import tokenizer_for
 
 OUTCOME_COLUMNS = (
@@ -56,7 +57,12 @@ class Summarize:
     """Summarizes one document per call, through the run's Gate; returns its outcome row."""
 
     def __init__(
-        self, run_id: str, engine_config: str, config: dict, replica_url: str | None = None
+        self,
+        run_id: str,
+        engine_config: str,
+        config: dict,
+        replica_url: str | None = None,
+        auth: ReplicaAuth | None = None,
     ) -> None:
         import ray
 
@@ -69,7 +75,9 @@ class Summarize:
         self.run_id = run_id
         self.job = DocumentJob(
             gate=RayGateClient(ray.get_actor(gate_name(run_id)), cfg.acquire_timeout_s),
-            clients=HttpClientPool(engine.model.served_name, run_id),
+            clients=HttpClientPool(
+                engine.model.served_name, run_id, headers=(auth or ReplicaAuth()).http_headers()
+            ),
             tokenizer=tokenizer,
             kit=PromptKit.build(tokenizer),
             config=cfg,

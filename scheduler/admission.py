@@ -9,7 +9,7 @@ controller implements the same protocol.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import ClassVar, Protocol
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,7 +95,14 @@ def within_prefill_budget(
 
 
 class AdmissionPolicy(Protocol):
-    """Anything that turns an observation of a replica into caps for batch work on it."""
+    """Anything that turns an observation of a replica into caps for batch work on it.
+
+    The Gate and the simulator know a policy only through this protocol: `steers_engine` says its
+    decisions carry a batch step target for the engine plug-in (so a control document is sent),
+    `guards_kv` that its `kv_room_tokens` is to be checked at every grant."""
+
+    steers_engine: ClassVar[bool]
+    guards_kv: ClassVar[bool]
 
     def decide(self, observation: Observation) -> Decision: ...
 
@@ -103,6 +110,9 @@ class AdmissionPolicy(Protocol):
 @dataclass
 class NoAdmissionControl:
     """Admit everything: the `uncontrolled` baseline. Caps are only what the engine itself allows."""
+
+    steers_engine: ClassVar[bool] = False
+    guards_kv: ClassVar[bool] = False
 
     max_seats: int = 1_000_000
     max_chunk_tokens: int = 1_000_000
@@ -115,6 +125,9 @@ class NoAdmissionControl:
 class FixedBudget:
     """The engine plug-in at a fixed batch step target and fixed seats, blind to load: the
     `static-budget` baseline a sweep picks in hindsight."""
+
+    steers_engine: ClassVar[bool] = True
+    guards_kv: ClassVar[bool] = False
 
     batch_seats: int
     batch_step_target_ms: float
@@ -136,6 +149,9 @@ class FixedBudget:
 @dataclass
 class StaticCaps:
     """Fixed seats and chunk size, blind to load: the `static` baseline a sweep picks in hindsight."""
+
+    steers_engine: ClassVar[bool] = False
+    guards_kv: ClassVar[bool] = False
 
     batch_seats: int
     chunk_tokens: int

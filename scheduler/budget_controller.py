@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -94,6 +95,9 @@ class _Replica:
 
 class BudgetController:
     """Per-replica feedback on the batch step target; see the module docstring."""
+
+    steers_engine: ClassVar[bool] = True
+    guards_kv: ClassVar[bool] = True
 
     def __init__(
         self,

@@ -29,20 +29,32 @@ class SpecError(ValueError):
     """A spec file or a spec name that cannot be used; the message says what to change."""
 
 
-@dataclass(frozen=True, slots=True)
-class ModelSpec:
-    """Shape of a decoder-only transformer (Llama family), as its config.json gives it."""
+class ModelShape(BaseModel):
+    """The shape numbers of a decoder-only transformer (Llama family), declared once: the spec
+    table's entries, `ModelSpec` and an engine config's `model.architecture` all take these."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    layers: int = Field(gt=0, description="Transformer layers (num_hidden_layers).")
+    hidden: int = Field(gt=0, description="Hidden size (hidden_size).")
+    intermediate: int = Field(gt=0, description="MLP intermediate size (intermediate_size).")
+    heads: int = Field(gt=0, description="Query heads (num_attention_heads).")
+    kv_heads: int = Field(gt=0, description="Key/value heads, GQA (num_key_value_heads).")
+    head_dim: int = Field(gt=0, description="Dimension of one attention head.")
+    params: int = Field(gt=0, description="Total parameter count.")
+    vocab: int = Field(gt=0, description="Vocabulary size (vocab_size).")
+
+
+SHAPE_FIELDS: tuple[str, ...] = tuple(ModelShape.model_fields)
+
+
+class ModelSpec(ModelShape):
+    """A model of the spec table: its shape, its context length, where it comes from."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
 
     name: str
-    layers: int
-    hidden: int
-    intermediate: int
-    heads: int
-    kv_heads: int
-    head_dim: int
-    params: int
-    vocab: int
-    max_position: int
+    max_position: int = Field(gt=0, description="max_position_embeddings.")
     path: str = ""
     source: str = ""
 
@@ -67,18 +79,8 @@ class GpuSpec:
         return self.fp8_flops if weight_dtype == "fp8" else self.bf16_flops
 
 
-class _ModelEntry(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
+class _ModelEntry(ModelShape):
     path: str = Field(description="Engine config model.path: a hub id or `local:NAME`.")
-    layers: int = Field(gt=0, description="num_hidden_layers.")
-    hidden: int = Field(gt=0, description="hidden_size.")
-    intermediate: int = Field(gt=0, description="intermediate_size.")
-    heads: int = Field(gt=0, description="num_attention_heads.")
-    kv_heads: int = Field(gt=0, description="num_key_value_heads.")
-    head_dim: int = Field(gt=0, description="Dimension of one attention head.")
-    params: int = Field(gt=0, description="Total parameter count.")
-    vocab: int = Field(gt=0, description="vocab_size.")
     max_position: int = Field(gt=0, description="max_position_embeddings.")
     source: str = Field(min_length=1, description="Where these numbers come from.")
 
@@ -178,13 +180,25 @@ def model_spec(name: str) -> ModelSpec:
         ) from None
 
 
+GPU_ALIASES = {"h100": "h100-sxm", "a100": "a100-80gb"}
+"""Short names people type for the form factor the spec table prices by default."""
+
+
+def gpu_name(name: str) -> str:
+    """The spec table's name for `name`: itself, or the GPU its alias stands for."""
+    key = name.strip().lower()
+    return GPU_ALIASES.get(key, key)
+
+
 def gpu_spec(name: str) -> GpuSpec:
-    """The spec of GPU `name`; an unknown name raises `SpecError` listing the known ones."""
+    """The spec of GPU `name` (or an alias: `h100` is `h100-sxm`); an unknown name raises
+    `SpecError` listing the known ones."""
     try:
-        return _gpus()[name]
+        return _gpus()[gpu_name(name)]
     except KeyError:
         raise SpecError(
-            f"unknown GPU {name!r}; known GPUs: {', '.join(known_gpus())} (add one to {GPUS_FILE})"
+            f"unknown GPU {name!r}; known GPUs: {', '.join(known_gpus())} (aliases: "
+            f"{', '.join(f'{a} = {n}' for a, n in GPU_ALIASES.items())}; add one to {GPUS_FILE})"
         ) from None
 
 

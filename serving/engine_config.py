@@ -14,6 +14,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from scheduler.budget_controller import BudgetControllerConfig
+from scheduler.specs import ModelShape
 
 FlagValue = bool | int | float | str | list[str | int | float] | dict[str, list[float]]
 
@@ -24,19 +25,8 @@ class EngineConfigError(ValueError):
     """An engine config that cannot be used; the message names the file and the key."""
 
 
-class Architecture(BaseModel):
-    """Model shape numbers the capacity planner and latency model need."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    layers: int = Field(gt=0, description="Transformer layers.")
-    hidden: int = Field(gt=0, description="Hidden size.")
-    intermediate: int = Field(gt=0, description="MLP intermediate size.")
-    heads: int = Field(gt=0, description="Query heads.")
-    kv_heads: int = Field(gt=0, description="Key/value heads (GQA).")
-    head_dim: int = Field(gt=0, description="Dimension of one head.")
-    params: int = Field(gt=0, description="Parameter count.")
-    vocab: int = Field(gt=0, description="Vocabulary size.")
+class Architecture(ModelShape):
+    """Model shape numbers the capacity planner and latency model need (`scheduler.specs`)."""
 
 
 class ModelSection(BaseModel):
@@ -80,6 +70,13 @@ class EngineConfig(BaseModel):
     hardware: HardwareSection = Field(default_factory=HardwareSection)
     vllm: dict[str, FlagValue] = Field(default_factory=dict, description="Engine flags.")
     env: dict[str, str] = Field(default_factory=dict, description="Engine environment variables.")
+    latency_fit: str | None = Field(
+        None,
+        description="The latency fit the engine plug-in and the controller price steps with "
+        "(`nightshift calibrate` writes one), relative to this file; default "
+        "`fits/<name>.json`. `run`, `engine budget` and the Prefect flow take it unless "
+        "`--latency-model` is given.",
+    )
     controller: BudgetControllerConfig | None = Field(
         None,
         description="SLO controller tuning for this replica class (keys of "
@@ -155,10 +152,11 @@ def load_engine_config(path: str | Path) -> EngineConfig:
     try:
         return EngineConfig.model_validate(raw)
     except ValidationError as exc:
-        raise EngineConfigError(_describe(path, exc)) from None
+        raise EngineConfigError(describe_errors(path, exc)) from None
 
 
-def _describe(path: Path, exc: ValidationError) -> str:
+def describe_errors(path: Path, exc: ValidationError) -> str:
+    """One line per problem, naming the file and the key."""
     lines = [f"{path}: invalid engine config"]
     for err in exc.errors():
         key = ".".join(str(p) for p in err["loc"]) or "(top level)"

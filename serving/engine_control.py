@@ -39,6 +39,8 @@ class ControlTarget:
     base_url: str | None = None
     """Its API server, used when there is no folder."""
     api_key: str | None = None
+    headers: tuple[tuple[str, str], ...] = ()
+    """Extra headers for the route (a gateway in front of the replica)."""
 
     def __repr__(self) -> str:  # the key stays out of logs and tracebacks
         return f"ControlTarget({self.name!r}, folder={self.folder}, base_url={self.base_url!r})"
@@ -115,4 +117,7 @@ def read_status(target: ControlTarget, timeout_s: float = 2.0) -> dict | None:
 
 
 def _headers(target: ControlTarget) -> dict[str, str]:
-    return {"Authorization": f"Bearer {target.api_key}"} if target.api_key else {}
+    out = dict(target.headers)
+    if target.api_key:
+        out["Authorization"] = f"Bearer {target.api_key}"
+    return out

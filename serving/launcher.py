@@ -33,7 +33,7 @@ import httpx
 from serving import cpu_features, local_models
 from serving.engine_config import EngineConfig, render_flags
 from serving.engine_site.control_files import CONTROL_DIR_ENV
-from serving.paths import engine_python
+from serving.paths import DEFAULT_PORT, engine_python
 
 ENGINE_MODULE = "vllm.entrypoints.openai.api_server"
 ENGINE_SITE = Path(__file__).resolve().parent / "engine_site"
@@ -122,6 +122,18 @@ def uses_plugin(config: EngineConfig) -> bool:
 def plugin_flags(config: EngineConfig) -> list[str]:
     """The control route on the replica's own port, for a config that selects the plug-in."""
     return ["--middleware", CONTROL_MIDDLEWARE] if uses_plugin(config) else []
+
+
+class NoFreePort(RuntimeError):
+    """No run of free ports in the searched range; the message says which option picks one."""
+
+
+def free_port(start: int = DEFAULT_PORT, count: int = 1, host: str = "127.0.0.1") -> int:
+    """The first port from `start` with `count` consecutive free ports (for `count` replicas)."""
+    for port in range(start, start + 1000):
+        if not any(port_in_use(host, p) for p in range(port, port + count)):
+            return port
+    raise NoFreePort(f"no {count} free port(s) in {start}..{start + 999}; choose one with --port")
 
 
 def port_in_use(host: str, port: int) -> bool:

@@ -9,6 +9,10 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+DEFAULT_PORT = 8000
+"""Where every command that starts replicas starts them: `engine up` on this port, the others on
+the first free run of ports from here, so two commands started side by side never collide."""
+
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
 

@@ -66,6 +66,8 @@ class PluginStatusSensor:
         self._history: dict[str, deque[dict]] = {name: deque() for name in self.targets}
         self.step_rows: list[dict] = []
         """One row per new status document: the run's `engine_steps` table."""
+        self.latest: dict[str, dict] = {}
+        """Each replica's newest status document read."""
 
     async def observe(self) -> dict[str, Observation]:
         names = list(self.targets)
@@ -84,6 +86,7 @@ class PluginStatusSensor:
         history = self._history[name]
         if doc is None:
             return None
+        self.latest[name] = doc
         if not history or doc["written_at"] > history[-1]["written_at"]:
             if history:
                 self._row(name, doc, history[-1])

@@ -10,7 +10,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from scheduler.latency_model import LatencyModel
-from serving.engine_config import EngineConfigError, load_engine_config
+from serving.engine_config import EngineConfig, EngineConfigError, load_engine_config
 from serving.engine_control import ControlTarget
 from serving.launcher import Replica, ReplicaSet
 
@@ -19,9 +19,26 @@ class ReplicaLookupError(ValueError):
     """A replica or latency fit that cannot be found; the message says what exists."""
 
 
-def fit_path(config_path: str | Path, config_name: str) -> Path:
-    """Where an engine config's latency fit lives: `fits/<name>.json` beside the config."""
-    return Path(config_path).parent / "fits" / f"{config_name}.json"
+def fit_path(config_path: str | Path, config: EngineConfig) -> Path:
+    """Where an engine config's latency fit lives: its `latency_fit`, relative to the config
+    file, or by default `fits/<name>.json` beside it. The file may not exist yet."""
+    relative = config.latency_fit or f"fits/{config.name}.json"
+    return Path(config_path).parent / relative
+
+
+def configured_fit(config_path: str | Path, config: EngineConfig) -> Path | None:
+    """The engine config's latency fit, or None when it names none and the default file is
+    absent (a config that was never calibrated). A fit the config names but that is missing is
+    an error: steering silently without it would be worse than stopping."""
+    path = fit_path(config_path, config)
+    if path.is_file():
+        return path
+    if config.latency_fit is not None:
+        raise ReplicaLookupError(
+            f"{config_path}: latency_fit {config.latency_fit} does not exist ({path}); measure "
+            f"it with `nightshift calibrate --engine-config {config_path} --out {path}`"
+        )
+    return None
 
 
 def latency_model_for(config_path: str | Path) -> LatencyModel:
@@ -30,7 +47,7 @@ def latency_model_for(config_path: str | Path) -> LatencyModel:
         config = load_engine_config(config_path)
     except EngineConfigError as exc:
         raise ReplicaLookupError(str(exc)) from None
-    path = fit_path(config_path, config.name)
+    path = fit_path(config_path, config)
     if not path.is_file():
         raise ReplicaLookupError(
             f"{config_path}: no latency fit at {path}; measure one with `nightshift calibrate "
@@ -63,7 +80,10 @@ def resolve_target(
 
 
 def control_targets(
-    replicas: Iterable[tuple[str, str]], state_dir: str | Path, api_key: str | None = None
+    replicas: Iterable[tuple[str, str]],
+    state_dir: str | Path,
+    api_key: str | None = None,
+    headers: tuple[tuple[str, str], ...] = (),
 ) -> dict[str, ControlTarget]:
     """Where each (name, url) replica takes its control document: the control folder of a
     replica recorded under `state_dir`, else its control route."""
@@ -74,7 +94,7 @@ def control_targets(
         if found is not None:
             out[name] = ControlTarget(name, folder=found.control_dir, base_url=found.base_url)
         else:
-            out[name] = ControlTarget(name, base_url=url, api_key=api_key)
+            out[name] = ControlTarget(name, base_url=url, api_key=api_key, headers=headers)
     return out
 
 

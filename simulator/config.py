@@ -7,9 +7,10 @@ fills them from an engine config's dash-form flags.
 
 from __future__ import annotations
 
-from typing import Literal
+from collections.abc import Iterable, Mapping
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from scheduler.slo import SLO
 
@@ -55,8 +56,8 @@ class ChatWorkload(_Strict):
 
     rate: float = Field(0.0, ge=0, description="Mean chat requests per second; 0 for none.")
     trace: str | None = Field(None, description="CSV `TIMESTAMP,ContextTokens,GeneratedTokens`.")
-    trace_time_scale: float = Field(
-        1.0, gt=0, description="Stretch trace time (0.5: twice as fast)."
+    trace_speedup: float = Field(
+        1.0, gt=0, description="Replay the trace this many times faster (2: twice as fast)."
     )
     trace_shared_prefix_tokens: int = Field(
         0, ge=0, description="Leading tokens every trace request shares (its system prompt)."
@@ -125,3 +126,46 @@ class SimConfig(_Strict):
     batch: BatchWorkload = Field(default_factory=BatchWorkload, description="Batch backlog.")
     control: ControlParams = Field(default_factory=ControlParams, description="Control loop.")
     slo: SLO = Field(default_factory=SLO, description="Chat SLO the summary scores windows by.")
+
+
+def sim_config(name: str, **settings: Any) -> SimConfig:
+    """A validated run of replica class `name`; `settings` are SimConfig fields (nested as dicts)."""
+    return SimConfig.model_validate({"name": name, **settings})
+
+
+def with_settings(cfg: SimConfig, settings: Iterable[tuple[str, Any]]) -> SimConfig:
+    """`cfg` with each (dotted path, value) set, e.g. ("chat.output_tokens", 200), revalidated.
+    A path through a section that does not exist fails naming the sections there are."""
+    data = cfg.model_dump()
+    for path, value in settings:
+        *sections, field = path.split(".")
+        node = data
+        for section in sections:
+            if not isinstance(node.get(section), dict):
+                raise ValueError(
+                    f"--set {path}={value!r}: no settings section {section!r}; sections: "
+                    f"{', '.join(k for k, v in data.items() if isinstance(v, dict))}"
+                )
+            node = node[section]
+        node[field] = value
+    return SimConfig.model_validate(data)
+
+
+def explain(exc: ValidationError, option_of: Mapping[str, str] | None = None) -> str:
+    """A settings validation error in the user's terms: engine fields by their engine flag name,
+    other settings by the option behind them (`option_of`: dotted path → option) or their path."""
+    names = option_of or {}
+    lines = []
+    for err in exc.errors():
+        loc = [str(p) for p in err["loc"]]
+        path = ".".join(loc)
+        if loc and loc[0] == "engine" and len(loc) > 1:
+            where = f"engine flag {loc[1].replace('_', '-')} (engine config or --override)"
+        else:
+            where = names.get(path, path or "settings")
+        msg = err["msg"].removeprefix("Value error, ")
+        if err["type"] == "extra_forbidden":
+            msg = "unknown setting; check its spelling against simulator/config.py"
+        got = "" if isinstance(err.get("input"), dict) else f" (got {err.get('input')!r})"
+        lines.append(f"{where}: {msg}{got}")
+    return "invalid simulation settings\n  " + "\n  ".join(lines)

@@ -2,8 +2,8 @@
 
 Token gaps are kept as one NumPy array per request rather than `TokenGap` objects: an hour of chat
 streams millions of tokens. `write_parquet` lays them out as the same three tables the pipeline
-writes, so the SQL reports read simulated and real runs alike. Column names and types follow
-`warehouse.schemas` (which this package may not import; the unit tests check that they agree).
+writes, so the SQL reports read simulated and real runs alike: the columns are the run schemas of
+`scheduler.run_schemas`, which the warehouse loads by.
 """
 
 from __future__ import annotations
@@ -13,70 +13,20 @@ import pyarrow as pa
 
 from scheduler.admission import Decision, Observation
 from scheduler.records import RequestRecord, percentile
+from scheduler.run_schemas import DECISIONS, DOCUMENTS, REQUESTS, TOKEN_GAPS
 from simulator.entities import Request
 
-REQUEST_SCHEMA = pa.schema(
-    [
-        ("run_id", pa.string()),
-        ("request_id", pa.string()),
-        ("class", pa.string()),
-        ("stage", pa.string()),
-        ("replica", pa.string()),
-        ("doc_id", pa.string()),
-        ("prompt_tokens", pa.int64()),
-        ("cached_tokens", pa.int64()),
-        ("output_tokens", pa.int64()),
-        ("t_submit", pa.float64()),
-        ("t_first_token", pa.float64()),
-        ("t_end", pa.float64()),
-        ("ttft_s", pa.float64()),
-        ("e2e_s", pa.float64()),
-        ("itl_p50_s", pa.float64()),
-        ("itl_p99_s", pa.float64()),
-        ("itl_max_s", pa.float64()),
-        ("status", pa.string()),
-        ("error", pa.string()),
-    ]
-)
+REQUEST_SCHEMA = REQUESTS
+DECISION_SCHEMA = DECISIONS
+DOCUMENT_SCHEMA = DOCUMENTS
 GAP_SCHEMA = pa.schema(
     [
-        ("run_id", pa.dictionary(pa.int32(), pa.string())),
-        ("request_id", pa.dictionary(pa.int32(), pa.string())),
-        ("idx", pa.int32()),
-        ("gap_s", pa.float64()),
-        ("t", pa.float64()),
+        f.with_type(pa.dictionary(pa.int32(), pa.string())) if f.name in ("run_id", "request_id")
+        else f
+        for f in TOKEN_GAPS
     ]
-)
-DECISION_SCHEMA = pa.schema(
-    [
-        ("run_id", pa.string()),
-        ("t", pa.float64()),
-        ("replica", pa.string()),
-        ("batch_seats", pa.int64()),
-        ("chunk_tokens", pa.int64()),
-        ("pause", pa.bool_()),
-        ("reason", pa.string()),
-        ("predicted_step_ms", pa.float64()),
-        ("observed_itl_p99_s", pa.float64()),
-        ("observed_ttft_p99_s", pa.float64()),
-        ("observed_kv_usage", pa.float64()),
-        ("prefill_budget_tokens", pa.int64()),
-        ("batch_step_target_ms", pa.float64()),
-        ("kv_room_tokens", pa.int64()),
-    ]
-)
-DOCUMENT_SCHEMA = pa.schema(
-    [
-        ("run_id", pa.string()),
-        ("doc_id", pa.string()),
-        ("status", pa.string()),
-        ("reason", pa.string()),
-        ("prompt_tokens", pa.int64()),
-        ("sections", pa.int64()),
-        ("summary_tokens", pa.int64()),
-        ("t_done", pa.float64()),
-    ]
-)
+)  # fmt: skip
+"""The token-gap columns, with the ids dictionary-encoded: millions of gaps share a few ids."""
 _EMPTY = np.zeros(0)
 
 

@@ -57,7 +57,7 @@ class Simulation:
         self.policies = {r.name: policy_factory(r.name) for r in self.replicas}
         self.sessions = ChatSessions(cfg.chat, random.Random(cfg.seed))
         if trace is None and cfg.chat.trace:
-            trace = load_trace(cfg.chat.trace, cfg.chat.trace_time_scale)
+            trace = load_trace(cfg.chat.trace, cfg.chat.trace_speedup)
         self.trace = trace or []
         self.dispatcher = BatchDispatcher(cfg.batch, list(self.by_name))
         self.recorder = Recorder(cfg.run_id)

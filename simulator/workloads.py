@@ -119,8 +119,9 @@ def trace_request(row: TraceRow, index: int, cfg: ChatWorkload, now: float) -> R
     )
 
 
-def load_trace(path: str | Path, time_scale: float = 1.0) -> list[TraceRow]:
-    """Rows of a `TIMESTAMP,ContextTokens,GeneratedTokens` CSV, times relative to the earliest row.
+def load_trace(path: str | Path, speedup: float = 1.0) -> list[TraceRow]:
+    """Rows of a `TIMESTAMP,ContextTokens,GeneratedTokens` CSV, times relative to the earliest row
+    and divided by `speedup` (2 replays the trace twice as fast, as `chat-load --trace-speedup`).
 
     TIMESTAMP is a datetime (`2023-11-16 18:15:46.6805900`, as in the Azure trace) or plain seconds.
     """
@@ -139,7 +140,7 @@ def load_trace(path: str | Path, time_scale: float = 1.0) -> list[TraceRow]:
         raise TraceError(f"{path}: the trace has a header but no rows")
     rows.sort(key=lambda r: r[0])
     t0 = rows[0][0]
-    return [TraceRow((t - t0) * time_scale, ctx, gen) for t, ctx, gen in rows]
+    return [TraceRow((t - t0) / speedup, ctx, gen) for t, ctx, gen in rows]
 
 
 def _parse_row(path: Path, line: int, cells: list[str]) -> tuple[float, int, int]:

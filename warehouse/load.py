@@ -13,10 +13,10 @@ from pathlib import Path
 import duckdb
 import pyarrow as pa
 
+from scheduler.run_schemas import RUN_TABLES
 from warehouse.db import connect, db_path
 from warehouse.queries import QueryError, rows, run_script
 from warehouse.run_files import RunMeta, check_table_files, list_runs, read_meta, run_dir
-from warehouse.schemas import RUN_TABLES
 
 
 @dataclass

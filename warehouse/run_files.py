@@ -20,7 +20,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from warehouse.schemas import REQUIRED, RUN_TABLES
+from scheduler.run_schemas import REQUIRED, RUN_TABLES
 
 RUN_JSON = "run.json"
 RUN_ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")

@@ -1,8 +1,8 @@
 """The operations pack under deploy/: Prometheus rules, their promtool unit tests, the Grafana board.
 
-promtool checks the rules and runs their unit tests. Then a real Prometheus on loopback scrapes
-exporters that serve every metric the rules and the dashboard read (the Gate's and the run's own
-collectors, plus stand-ins for the series they will export and for vLLM's), loads the rules, and
+promtool checks the rules and runs their unit tests. Every nightshift metric they and the dashboard
+name must be one the Gate's or the run's collectors export. Then a real Prometheus on loopback
+scrapes those collectors (and a stand-in for vLLM's own metrics), loads the rules, and
 answers every dashboard and rule expression: each must parse, evaluate and find data, so a typo in
 a metric or label name fails here rather than as an empty panel at night. The stand-ins describe a
 night in trouble (chat over its SLOs, a stale controller, a passed deadline, a failed night), so
@@ -32,14 +32,15 @@ from prometheus_client import (
     CollectorRegistry,
     Counter,
     Gauge,
-    Histogram,
     generate_latest,
     start_http_server,
 )
 
 from pipelines.gate_metrics import GateMetrics
-from pipelines.run_metrics import ITL_BUCKETS, TTFT_BUCKETS, RunMetrics
+from pipelines.run_metrics import RunMetrics
 from scheduler.admission import Decision, Observation
+from scheduler.slo import SLO
+from serving.engine_site.engine_status import GAP_BOUNDS_S, TTFT_BOUNDS_S, Buckets
 from tests.integration import prometheus_server as prom
 from tests.integration.prometheus_server import INSTALL_HINT, prometheus_server
 
@@ -191,6 +192,37 @@ def test_dashboard_structure() -> None:
         assert slo in exprs, f"{slo} not drawn beside its p99"
 
 
+def exported_names() -> set[str]:
+    """Every sample name the Gate's and the run's collectors export, fed as a night feeds them."""
+    gate = GateMetrics()
+    gate.set_slo(SLO())
+    gate.record(Observation(t=1.0, replica="r0"), Decision(1, 0, reason="hold"), 0)
+    gate.record_steps({"replica": "r0", "batch_tokens_per_step": 1.0})
+    h = Buckets(GAP_BOUNDS_S).to_dict()
+    gate.record_status("r0", {"chat_itl_seconds": h, "chat_ttft_seconds": h})
+    run = RunMetrics("r")
+    run.night_started(deadline_ts=1.0)
+    run.night_ended("success", 2.0)
+    run.observe_request({"class": "chat", "ttft_s": 0.1}, [0.01])
+    run.document_done("done", 1)
+    return {
+        sample.name
+        for registry in (gate.registry, run.registry)
+        for family in registry.collect()
+        for sample in family.samples
+    }
+
+
+def test_every_metric_named_in_deploy_is_exported_by_the_code() -> None:
+    texts = [expr for _, expr in dashboard_exprs()] + [r["expr"] for r in rules()]
+    texts += [
+        v["query"]["query"] for v in dashboard()["templating"]["list"] if v["type"] == "query"
+    ]
+    named = {m for text in texts for m in re.findall(r"\bnightshift_[a-z0-9_]+", text)}
+    missing = sorted(named - exported_names())
+    assert not missing, f"named in deploy/ but exported by nothing: {missing}"
+
+
 # -- against a real Prometheus --------------------------------------------------------------------
 
 
@@ -293,12 +325,14 @@ def exporters() -> Iterator[dict[str, list[str]]]:
     """HTTP exporters on loopback for every series the dashboard and the rules read; yields the
     scrape jobs (name -> targets).
 
-    `gate` and `run` are the product's own collectors (GateMetrics, RunMetrics) fed as the Gate
-    and the batch job feed them; `night` stands in for the series they do not export yet, `vllm`
-    for a replica's own metrics. A thread keeps chat histograms and batch counters moving, so
-    rate() and histogram_quantile() have something to measure."""
+    `gate`, `tonight` and `last_night` are the product's own collectors (GateMetrics, and two
+    RunMetrics: tonight's, running past its deadline, and last night's failed end as a
+    Pushgateway keeps it), fed as the Gate and the job feed them; `vllm` stands in for a
+    replica's own metrics. A thread keeps the plug-in's chat histograms and the batch counters
+    moving, so rate() and histogram_quantile() have something to measure."""
     now = time.time()
     gate = GateMetrics()
+    gate.set_slo(SLO(chat_itl_p99_ms=ITL_SLO_S * 1000, chat_ttft_p99_ms=TTFT_SLO_S * 1000))
     for i, name in enumerate(REPLICAS):
         # decided ten minutes ago and not since: the controller is stale
         obs = Observation(t=now - 600, replica=name, chat_itl_p99_s=0.3, chat_ttft_p99_s=3.0)
@@ -306,35 +340,16 @@ def exporters() -> Iterator[dict[str, list[str]]]:
         gate.record(obs, decision, 1)
         gate.record_steps({"replica": name, "batch_tokens_per_step": 256.0})
 
-    run = RunMetrics("deploy-rules-test")
-    run.remaining.set(10)
-    run.document_done("done", 2048)
-    run.document_done("failed", 0)
+    tonight = RunMetrics("deploy-rules-test")
+    tonight.night_started(deadline_ts=now - 60)
+    tonight.remaining.set(10)
+    tonight.document_done("done", 2048)
+    tonight.document_done("failed", 0)
+    last_night = RunMetrics("deploy-rules-yesterday")
+    last_night.night_ended("success", now - 2 * 86400)
+    last_night.night_ended("failed", now - 86400)
 
-    night = CollectorRegistry()
-    chat_itl = Histogram(
-        "nightshift_chat_itl_seconds",
-        "Chat inter-token gaps in the engine.",
-        ["replica"],
-        buckets=ITL_BUCKETS,
-        registry=night,
-    )
-    chat_ttft = Histogram(
-        "nightshift_chat_ttft_seconds",
-        "Chat time to first token in the engine.",
-        ["replica"],
-        buckets=TTFT_BUCKETS,
-        registry=night,
-    )
-    for name, value in (
-        ("nightshift_slo_chat_itl_p99_seconds", ITL_SLO_S),
-        ("nightshift_slo_chat_ttft_p99_seconds", TTFT_SLO_S),
-        ("nightshift_night_running", 1),
-        ("nightshift_night_deadline_timestamp_seconds", now - 60),
-        ("nightshift_last_success_timestamp_seconds", now - 86400),
-        ("nightshift_night_failed", 1),
-    ):
-        Gauge(name, name, registry=night).set(value)
+    chat = {name: (Buckets(GAP_BOUNDS_S), Buckets(TTFT_BOUNDS_S)) for name in REPLICAS}
 
     vllm = CollectorRegistry()
     Gauge("vllm:kv_cache_usage_perc", "KV", ["model_name"], registry=vllm).labels(MODEL).set(0.7)
@@ -347,15 +362,22 @@ def exporters() -> Iterator[dict[str, list[str]]]:
     def churn() -> None:
         # r0 is slow for chat (over both SLOs), r1 fast; batch tokens and preemptions grow.
         while not stop.wait(0.05):
-            chat_itl.labels(REPLICAS[0]).observe(0.3)
-            chat_itl.labels(REPLICAS[1]).observe(0.01)
-            chat_ttft.labels(REPLICAS[0]).observe(3.0)
-            chat_ttft.labels(REPLICAS[1]).observe(0.1)
-            run.tokens.inc(100)
+            for name, (itl, ttft) in chat.items():
+                slow = name == REPLICAS[0]
+                itl.observe(0.3 if slow else 0.01)
+                ttft.observe(3.0 if slow else 0.1)
+                gate.record_status(
+                    name, {"chat_itl_seconds": itl.to_dict(), "chat_ttft_seconds": ttft.to_dict()}
+                )
+            tonight.tokens.inc(100)
             preemptions.labels(MODEL).inc()
 
     thread = threading.Thread(target=churn, name="deploy-rules-churn", daemon=True)
-    registries = {"gate": gate.registry, "run": run.registry, "night": night}
+    registries = {
+        "gate": gate.registry,
+        "tonight": tonight.registry,
+        "last_night": last_night.registry,
+    }
     servers = []
     try:
         thread.start()

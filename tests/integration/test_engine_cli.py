@@ -94,6 +94,17 @@ def test_engine_dying_on_start_fails_fast_with_log_tail(tmp_path: Path) -> None:
     )
 
 
+def test_the_config_is_given_once_by_option_or_position() -> None:
+    old = run("engine", "up", str(TINY), "--dry-run", "--port", "8123")
+    assert old.returncode == 0, old.stderr
+    assert "--port 8123" in old.stdout
+    none = run("engine", "up", "--dry-run")
+    assert none.returncode == 2 and "--engine-config" in none.stderr
+    other = TINY.with_name("cpu-small.yaml")
+    both = run("engine", "up", str(TINY), "--engine-config", str(other), "--dry-run")
+    assert both.returncode == 2 and "keep one" in both.stderr
+
+
 def test_invalid_config_exits_2_naming_file_and_key(tmp_path: Path) -> None:
     bad = tmp_path / "typo.yaml"
     bad.write_text(TINY.read_text() + "replicaz: 3\n")
@@ -120,7 +131,7 @@ def test_missing_model_names_the_build_command(tmp_path: Path) -> None:
 
 
 def test_dry_run_prints_the_exact_command() -> None:
-    up = run("engine", "up", str(TINY), "--dry-run", "--port", "8123")
+    up = run("engine", "up", "--engine-config", str(TINY), "--dry-run", "--port", "8123")
     assert up.returncode == 0, up.stderr
     line = up.stdout.strip()
     assert "-m vllm.entrypoints.openai.api_server" in line and "--port 8123" in line

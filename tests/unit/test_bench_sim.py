@@ -22,14 +22,16 @@ from bench.sim_scenarios import (
 )
 from bench.verdicts import step_chunk_cap
 from flows.cli_bench import register
-from flows.cli_simulate import engine_params, load_profile, sim_config, step_model
 from scheduler.admission import NoAdmissionControl
 from scheduler.slo import SLO
+from serving.engine_profile import engine_params, load_profile, step_model
+from simulator.config import sim_config
 
 ROOT = Path(__file__).resolve().parents[2]
 PROFILE = ROOT / "engine_configs" / "h100x2-llama-3.1-70b-fp8.yaml"
 SCENARIOS = {"chat-only", "uncontrolled", "static-engine", "static-budget", "controlled"}
-QUANTILES = {"p50", "p95", "p99"}
+QUANTILES = {"mean", "median", "p50", "p90", "p95", "p99", "p99.9"}
+"""The statistics of every latency, as vLLM's serving benchmark gives them."""
 
 
 def _bench(*args: str, profile: Path | str = PROFILE):
@@ -67,14 +69,31 @@ def sim_run(tmp_path_factory):
     return json.loads(out_path.read_text()), results, result.output
 
 
+def test_out_csv_beside_out_json_holds_one_row_per_scenario(sim_run) -> None:
+    import csv
+
+    out, results, output = sim_run
+    with (results / "out.csv").open() as fh:
+        rows = {row["scenario"]: row for row in csv.DictReader(fh)}
+    assert set(rows) == set(out["scenarios"])
+    row, scored = rows["controlled"], out["scenarios"]["controlled"]
+    assert float(row["chat.ttft_ms.p99.9"]) == pytest.approx(scored["chat"]["ttft_ms"]["p99.9"])
+    assert float(row["batch.slo_batch_tokens_per_s"]) == pytest.approx(
+        scored["batch"]["slo_batch_tokens_per_s"]
+    )
+    assert f"OUT.csv: {results / 'out.csv'}" in output
+
+
 def test_out_json_has_the_real_bench_shape(sim_run) -> None:
     out, _, _ = sim_run
     assert out["mode"] == "sim" and out["profile"] == "h100x2-llama-3.1-70b-fp8"
     assert set(out["scenarios"]) == SCENARIOS
     for s in out["scenarios"].values():
         chat, batch = s["chat"], s["batch"]
-        assert all(set(chat[k]) == QUANTILES for k in ("ttft_ms", "itl_ms", "e2e_ms"))
+        assert all(set(chat[k]) == QUANTILES for k in ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms"))
         assert 0.0 <= chat["slo_windows_met"] <= 1.0 and chat["errors"] == 0
+        assert chat["goodput_slos_ms"] == {"ttft": 1000.0, "tpot": 50.0}
+        assert 0.0 <= chat["goodput"] <= chat["requests"] / 120 + 1e-9
         assert {"tokens_per_s", "docs_done", "slo_batch_tokens_per_s"} <= set(batch)
         assert batch["slo_batch_tokens_per_s"] <= batch["tokens_per_s"] + 1e-9
     caps = out["scenarios"]["static-engine"]["caps"]
@@ -124,7 +143,7 @@ def test_every_run_reaches_the_warehouse_and_the_report(sim_run) -> None:
 def test_scoring_matches_the_real_bench_on_the_same_records() -> None:
     profile = load_profile(PROFILE, [])
     base = sim_config(
-        profile,
+        profile.name,
         engine=engine_params(profile),
         chat=chat_workload(5.0, 1.0).model_dump(),
         batch={"docs": 2, "doc_tokens": 20_000},
@@ -149,7 +168,7 @@ def test_scoring_matches_the_real_bench_on_the_same_records() -> None:
 def test_chat_only_derives_the_slo_when_none_is_given(tmp_path) -> None:
     profile = load_profile(PROFILE, [])
     base = sim_config(
-        profile,
+        profile.name,
         engine=engine_params(profile),
         chat=chat_workload(5.0, 1.0).model_dump(),
         duration_s=60.0,

@@ -470,7 +470,8 @@ async def test_runs_whose_decoders_ended_early_are_dropped_with_a_note() -> None
 
 
 def test_gpu_configs_get_the_roofline_prior_and_cpu_configs_none() -> None:
-    from flows.cli_calibrate import _plan, _prior
+    from serving.calibration_run import prior as _prior
+    from serving.calibration_run import sweep_plan as _plan
 
     gpu = load_engine_config(REPO / "engine_configs" / "h100x2-llama-3.1-70b-fp8.yaml")
     prior = _prior(gpu)

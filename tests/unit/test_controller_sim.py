@@ -14,9 +14,10 @@ import numpy as np
 import pytest
 
 from bench.varying_trace import TraceShape, generate, write_csv
-from flows.cli_simulate import engine_params, load_profile, sim_config, step_model
 from scheduler.admission import NoAdmissionControl
 from scheduler.budget_controller import BudgetController
+from serving.engine_profile import engine_params, load_profile, step_model
+from simulator.config import sim_config
 from simulator.run import simulate
 from simulator.workloads import load_trace
 
@@ -29,7 +30,7 @@ def run(chat: dict, policy: str = "slo", trace=None, minutes: float = MINUTES, s
     profile = load_profile(PROFILE, [])
     model = step_model(profile, None)
     cfg = sim_config(
-        profile,
+        profile.name,
         engine=engine_params(profile),
         chat=chat,
         batch={"docs": 60, "doc_tokens": 80_000, "start_s": 60.0, "mode": "whole"},

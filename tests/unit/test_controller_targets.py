@@ -4,8 +4,9 @@ its missed windows with what to look at first."""
 from __future__ import annotations
 
 from bench.controller_targets import PROFILE, closest_static, missed_windows, targets
-from flows.cli_simulate import engine_params, load_profile, sim_config, step_model
 from scheduler.admission import NoAdmissionControl
+from serving.engine_profile import engine_params, load_profile, step_model
+from simulator.config import sim_config
 from simulator.run import simulate
 
 
@@ -52,7 +53,7 @@ def test_missed_windows_name_the_batch_ahead_and_the_decision_in_force():
     profile = load_profile(PROFILE, [])
     model = step_model(profile, None)
     cfg = sim_config(
-        profile,
+        profile.name,
         engine=engine_params(profile),
         chat={"rate": 5.0},
         batch={"docs": 20, "mode": "whole", "start_s": 30.0},

@@ -7,13 +7,15 @@ from pathlib import Path
 import pytest
 import yaml
 
-from flows.cli_simulate import engine_params, load_profile, policy_factory, sim_config, step_model
 from pipelines.gate_setup import build_policy
 from scheduler.admission import BatchInFlight, FixedBudget, Observation, StaticCaps
 from scheduler.budget_controller import BudgetController, BudgetControllerConfig
 from scheduler.latency_model import LatencyModel
+from scheduler.policy_factory import PolicyChoice, make_policy
 from scheduler.slo import SLO
 from serving.engine_config import load_engine_config
+from serving.engine_profile import engine_params, load_profile, step_model
+from simulator.config import sim_config
 
 PROFILE = Path(__file__).resolve().parents[2] / "engine_configs" / "h100x2-llama-3.1-70b-fp8.yaml"
 MODEL = LatencyModel(s_per_token=1e-5, s_weight_read=0.01)
@@ -56,10 +58,20 @@ def test_the_engine_configs_controller_section_is_the_controllers_config(tmp_pat
 
 
 def test_simulate_builds_the_controller_with_the_engines_slots_and_tuning(profile):
-    cfg = sim_config(profile, engine=engine_params(profile, 1_000_000), duration_s=60.0)
+    cfg = sim_config(profile.name, engine=engine_params(profile, 1_000_000), duration_s=60.0)
     tuned = BudgetControllerConfig(cut_factor=0.5)
-    ctrl = policy_factory("slo", cfg, step_model(profile, None), 4, 2048, tuned)("sim-0")
+    slots = cfg.engine.max_num_seqs
+    ctrl = make_policy(PolicyChoice("slo"), cfg.slo, step_model(profile, None), tuned, slots)
     assert isinstance(ctrl, BudgetController)
     assert ctrl.config.cut_factor == 0.5 and ctrl.engine_slots == cfg.engine.max_num_seqs
-    fixed = policy_factory("budget", cfg, step_model(profile, None), 4, 2048, None, 30.0)("x")
+    fixed = make_policy(PolicyChoice("budget", 4, 2048, 30.0), cfg.slo)
     assert fixed == FixedBudget(4, 30.0)
+
+
+def test_every_policy_says_through_the_protocol_whether_it_steers_and_guards_kv():
+    """The Gate reads these instead of asking which policy class or name it was given."""
+    want = {"none": (False, False), "static": (False, False), "budget": (True, False),
+            "slo": (True, True)}  # fmt: skip
+    for name, (steers, guards) in want.items():
+        policy = make_policy(PolicyChoice(name), SLO_50, MODEL)  # type: ignore[arg-type]
+        assert (policy.steers_engine, policy.guards_kv) == (steers, guards), name

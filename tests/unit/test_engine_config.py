@@ -114,3 +114,28 @@ def test_sequence_slots_read_max_num_seqs_or_stand_in(tmp_path: Path) -> None:
     doc = minimal() | {"vllm": {"max-num-seqs": 32}}
     assert load_engine_config(write(tmp_path, doc)).sequence_slots == 32
     assert load_engine_config(write(tmp_path, minimal())).sequence_slots == 256
+
+
+def test_configs_name_latency_fits_that_exist() -> None:
+    from serving.replica_targets import configured_fit
+
+    named = 0
+    for path in CONFIGS:
+        config = load_engine_config(path)
+        if config.latency_fit is not None:
+            named += 1
+            assert configured_fit(path, config).is_file(), path
+    assert named >= 4  # cpu-small, cpu-small-fp32, cpu-long and the production profile
+
+
+def test_a_named_fit_that_is_missing_says_how_to_make_it(tmp_path: Path) -> None:
+    from serving.replica_targets import ReplicaLookupError, configured_fit, fit_path
+
+    path = tmp_path / "x.yaml"
+    path.write_text("name: x\nlatency_fit: measured/x.json\nmodel: {path: m, served_name: m}\n")
+    config = load_engine_config(path)
+    assert fit_path(path, config) == tmp_path / "measured" / "x.json"
+    with pytest.raises(ReplicaLookupError, match="nightshift calibrate"):
+        configured_fit(path, config)
+    path.write_text("name: x\nmodel: {path: m, served_name: m}\n")
+    assert configured_fit(path, load_engine_config(path)) is None  # never calibrated

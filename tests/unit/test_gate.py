@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 import threading
 import time
@@ -12,14 +13,8 @@ import pytest
 import ray
 import ray.cloudpickle
 
-from pipelines.gate import (
-    BATCH_PRIORITY,
-    GateActor,
-    build_policy,
-    build_sensor,
-    gate_name,
-    start_gate,
-)
+from pipelines.gate import BATCH_PRIORITY, GateActor, gate_name, start_gate
+from pipelines.gate_setup import GateConfig, build_policy, build_sensor
 from scheduler import control_document
 from scheduler.admission import Decision, Observation
 from scheduler.budget_controller import BudgetControllerConfig
@@ -373,3 +368,15 @@ def test_bad_gate_arguments_fail_in_the_caller():
         start_gate("bad", REPLICAS, latency_model=MODEL, interval_s=30.0)
     with pytest.raises(ValueError, match="sensor kind"):
         start_gate("bad", REPLICAS, policy="none", sensor={"kind": "smoke-signals"})
+
+
+def test_the_gate_takes_its_settings_as_one_frozen_config():
+    config = GateConfig(policy="static", static_caps=(3, 512), interval_s=QUIET)
+    gate = GateActor("cfg", REPLICAS[:1], config)
+    assert gate.config is config and gate.policy.batch_seats == 3 and gate.interval_s == QUIET
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        config.policy = "none"  # type: ignore[misc]
+    with pytest.raises(ValueError, match="not both"):
+        GateActor("cfg", REPLICAS[:1], config, policy="none")
+    with pytest.raises(ValueError, match="stale_after_s"):
+        GateConfig(latency_model=MODEL, interval_s=30.0).check()

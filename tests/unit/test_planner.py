@@ -8,7 +8,7 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from flows.cli_plan import engine_config_for, register
+from flows.cli_plan import register
 from scheduler.latency_model import largest_chunk_within, roofline_model
 from scheduler.planner import (
     BLOCK_TOKENS,
@@ -23,6 +23,7 @@ from scheduler.planner import (
 from scheduler.specs import model_spec
 from scheduler.step import PrefillChunk, StepBatch
 from serving.engine_config import load_engine_config
+from serving.plan_config import engine_config_for
 
 CARD = dict(model="llama-3.1-70b", gpu="h100-sxm", gpus=2, weight_dtype="fp8", kv_dtype="fp8")
 KIB, GB = 1024, 1e9
@@ -189,11 +190,20 @@ CARD_ARGS += ["--weight-dtype", "fp8", "--kv-dtype", "fp8"]
 
 
 def test_cli_json_reproduces_the_card():
-    result = _run(*CARD_ARGS, "--batch", "125", "--json")
+    result = _run(*CARD_ARGS, "--batch", "125", "--json", "-")
     assert result.exit_code == 0, result.output
     d = json.loads(result.stdout)
     assert d["kv_bytes_per_token"] == 160 * KIB
     assert within_10pct(d["decode_tokens_per_s_bound"], 5600)
+
+
+def test_cli_json_to_a_file_and_the_h100_alias(tmp_path):
+    path = tmp_path / "plan.json"
+    args = ["--model", "llama-3.1-70b", "--gpu", "h100", "--gpus", "2"]
+    result = _run(*args, "--weight-dtype", "fp8", "--kv-dtype", "fp8", "--json", str(path))
+    assert result.exit_code == 0, result.output
+    assert json.loads(path.read_text())["gpu"] == "h100-sxm"
+    assert "KV capacity" in result.stdout
 
 
 def test_cli_table():
@@ -223,7 +233,7 @@ def test_cli_weights_that_do_not_fit_exit_2_with_numbers():
 
 def test_cli_engine_config_loads_back(tmp_path):
     path = tmp_path / "configs" / "llama70b.yaml"
-    result = _run(*CARD_ARGS, "--emit-engine-config", str(path), "--json")
+    result = _run(*CARD_ARGS, "--emit-engine-config", str(path), "--json", "-")
     assert result.exit_code == 0, result.output
     p = json.loads(result.stdout)
     config = load_engine_config(path)

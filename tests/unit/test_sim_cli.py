@@ -10,8 +10,9 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from flows.cli_simulate import parse_override, register
+from flows.cli_simulate import register
 from scheduler.latency_model import LatencyModel
+from serving.engine_profile import parse_assignment as parse_override
 from warehouse.run_files import read_meta
 
 CONFIGS = Path(__file__).resolve().parents[2] / "engine_configs"
@@ -113,7 +114,7 @@ def test_a_cpu_replica_needs_a_fitted_model_and_runs_with_one(tmp_path):
 
 def test_records_make_a_warehouse_run_directory(tmp_path):
     run = tmp_path / "runs" / "sim-static"
-    args = ["--batch-docs", "2", "--doc-tokens", "8000", "--controller", "static"]
+    args = ["--batch-docs", "2", "--doc-tokens", "8000", "--policy", "static"]
     args += ["--static-seats", "1", "--static-chunk", "700", "--records", str(run)]
     result = simulate(*QUICK, *args)
     assert result.exit_code == 0, result.output
@@ -128,7 +129,36 @@ def test_records_make_a_warehouse_run_directory(tmp_path):
 
 def test_the_slo_controller_drives_batch_admission(tmp_path):
     run = tmp_path / "runs" / "sim-slo"
-    result = simulate(*QUICK, "--batch-docs", "2", "--controller", "slo", "--records", str(run))
+    result = simulate(*QUICK, "--batch-docs", "2", "--policy", "slo", "--records", str(run))
     assert result.exit_code == 0, result.output
     reasons = set(pq.read_table(run / "decisions.parquet").column("reason").to_pylist())
     assert reasons and "uncontrolled" not in reasons and "static" not in reasons
+
+
+def test_the_older_controller_spelling_still_chooses_the_policy(tmp_path):
+    run = tmp_path / "runs" / "sim-old"
+    args = ["--batch-docs", "1", "--controller", "budget", "--records", str(run)]
+    result = simulate(*QUICK, *args)
+    assert result.exit_code == 0, result.output
+    assert read_meta(run).policy == "budget"
+
+
+def test_a_trace_is_replayed_whole_unless_a_duration_is_given(tmp_path):
+    trace = tmp_path / "trace.csv"
+    rows = "".join(f"{t},1200,40\n" for t in range(0, 900, 30))  # last arrival at 870 s
+    trace.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n" + rows)
+    out = tmp_path / "out.json"
+    base = ["--engine-config", PROFILE, "--chat-trace", str(trace), "--json", str(out)]
+    assert simulate(*base).exit_code == 0
+    assert json.loads(out.read_text())["sim_seconds"] == 871
+    assert simulate(*base, "--trace-speedup", "2").exit_code == 0
+    whole = json.loads(out.read_text())
+    assert whole["sim_seconds"] == 436 and whole["chat"]["requests"] == 30
+    assert simulate(*base, "--duration", "100").exit_code == 0
+    assert json.loads(out.read_text())["sim_seconds"] == 100
+
+
+def test_json_dash_writes_the_summary_to_stdout_alone():
+    result = CliRunner().invoke(_app(), ["simulate", *QUICK, "--json", "-"])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["chat"]["requests"] > 0

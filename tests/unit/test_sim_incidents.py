@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from flows.cli_simulate import engine_params, load_profile, sim_config, step_model
+from serving.engine_profile import engine_params, load_profile, step_model
+from simulator.config import sim_config
 from simulator.run import simulate
 
 PROFILE = Path(__file__).resolve().parents[2] / "engine_configs" / "h100x2-llama-3.1-70b-fp8.yaml"
@@ -19,7 +20,7 @@ PROFILE = Path(__file__).resolve().parents[2] / "engine_configs" / "h100x2-llama
 def run(overrides: list[str], chat: dict, batch_docs: int = 0, duration: float = 240.0, seed=0):
     profile = load_profile(PROFILE, overrides)
     cfg = sim_config(
-        profile,
+        profile.name,
         engine=engine_params(profile),
         chat=chat,
         batch={"docs": batch_docs, "doc_tokens": 80_000, "mode": "whole"},

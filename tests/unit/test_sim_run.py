@@ -8,12 +8,12 @@ import numpy as np
 import pytest
 
 from scheduler.admission import Decision, Observation, StaticCaps
+from scheduler.run_schemas import RUN_TABLES
 from scheduler.step import StepBatch
 from simulator.config import SimConfig
 from simulator.run import simulate
 from simulator.workloads import TraceRow
 from warehouse.run_files import conform
-from warehouse.schemas import RUN_TABLES
 
 SUMMARY_KEYS = {"chat", "batch", "preemptions", "kv_peak", "sim_seconds", "wall_seconds"}
 

@@ -26,7 +26,7 @@ def test_trace_rows_are_relative_to_the_first_arrival_and_scaled(tmp_path):
         "2023-11-16 18:15:50.0000000,100,10\n"
         "2023-11-16 18:15:46.0000000,2000,0\n"
     )
-    rows = load_trace(path, time_scale=0.5)
+    rows = load_trace(path, speedup=2.0)
     assert [(r.t, r.context_tokens, r.generated_tokens) for r in rows] == [
         (0.0, 2000, 0),
         (2.0, 100, 10),

@@ -11,6 +11,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from scheduler.records import RequestRecord, TokenGap
+from scheduler.run_schemas import REQUESTS, RUN_TABLES, TOKEN_GAPS
 from scheduler.slo import SLO
 from warehouse.run_files import (
     RunFilesError,
@@ -26,7 +27,6 @@ from warehouse.run_files import (
     write_meta,
     write_table,
 )
-from warehouse.schemas import REQUESTS, RUN_TABLES, TOKEN_GAPS
 
 
 def record(rid: str = "q1", run_id: str = "run-1") -> RequestRecord:

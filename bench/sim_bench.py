@@ -1,25 +1,20 @@
 """`nightshift bench --sim`: the side-by-side benchmark on simulated replicas of an engine config.
 
-Kept apart from flows/cli_bench.py, which stays the real benchmark's thin CLI. This module turns the
-same options into simulator settings (reading the engine config as `nightshift simulate` does: KV
-capacity from the planner, step times from the profile's roofline or a fitted model) and settles the
-defaults that differ on a GPU profile (bench/sim_scenarios.py `GpuDefaults`). No engine, tokenizer
-or replica is started: documents and chat turns are token counts.
+Turns the bench options into simulator settings (reading the engine config as `nightshift simulate`
+does: KV capacity from the planner, step times from the profile's roofline or a fitted model) and
+settles the defaults that differ on a GPU profile (bench/sim_scenarios.py `GpuDefaults`). No
+engine, tokenizer or replica is started: documents and chat turns are token counts.
 """
 
 from __future__ import annotations
 
-import json
-import shlex
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import typer
-
-from flows.cli_engine import fail
+from bench.bench_options import DOCS, RATE, WINDOW_S, BenchOptions
+from bench.sim_scenarios import run_sim_scenarios
 
 if TYPE_CHECKING:
     from bench.sim_scenarios import SimBench
@@ -30,66 +25,37 @@ CONTROL = {"interval_s": 2.0, "observe_window_s": 20.0}
 window p99 needs ~100 chat tokens to mean anything."""
 
 
-@dataclass
-class SimOptions:
-    """The `bench` options a simulated run reads; None means the profile's default."""
+@dataclass(frozen=True)
+class SimOptions(BenchOptions):
+    """The `bench --sim` options; None means the profile's default."""
 
-    engine_config: Path
-    scenarios: tuple[str, ...]
-    duration: float
-    json_out: Path
-    results: Path
-    seed: int = 0
-    rate: float | None = None
-    latency_model: Path | None = None
-    docs: int | None = None
+    json_out: Path | None = None
     doc_tokens: int | None = None
-    min_tokens: int = 2000
-    max_tokens: int = 12000
-    slo_factor: float = 3.0
-    itl_slo_ms: float | None = None
-    ttft_slo_ms: float | None = None
-    window_s: float | None = None
-    scale: float | None = None
-    static_sweep: tuple[tuple[int, int], ...] | None = None
-    budget_sweep: tuple[tuple[int, float], ...] | None = None
     replicas: int = 1
 
 
-def bench_sim(config: EngineConfig, opts: SimOptions) -> None:
-    """Simulate the scenarios, then write OUT.json, the records, the warehouse and the report."""
-    from pydantic import ValidationError
-
-    from bench.report import write
-    from bench.sim_scenarios import run_sim_scenarios
-    from flows.cli_simulate import explain
+def run_sim_bench(
+    config: EngineConfig, opts: SimOptions, progress=None
+) -> tuple[dict, Path, float]:
+    """Simulate the scenarios; write the records and load them into the warehouse. Returns
+    OUT.json's content, the bench's folder (for its report) and the wall seconds the scenarios
+    took. Raises ValueError (pydantic's ValidationError among them) or OSError on bad input."""
     from warehouse.load import load_results
 
-    try:
-        bench = build(config, opts)
-        started = time.perf_counter()
-        out = run_sim_scenarios(bench, progress=lambda line: typer.echo(line, err=True))
-    except ValidationError as exc:
-        raise fail(explain(exc)) from None
-    except (ValueError, OSError) as exc:  # profile, spec, planner, latency model, SLO errors
-        raise fail(str(exc)) from None
+    bench = build(config, opts)
+    started = time.perf_counter()
+    out = run_sim_scenarios(bench, progress=progress)
     wall = time.perf_counter() - started
-    opts.json_out.parent.mkdir(parents=True, exist_ok=True)
-    opts.json_out.write_text(json.dumps(out, indent=2))
     load_results(opts.results, list(out["run_ids"].values()))
-    command = shlex.join(["nightshift", *sys.argv[1:]])
-    md, page = write(out, Path(opts.results) / "bench" / bench.bench_id, command)
-    typer.echo(md.read_text())
-    typer.echo(f"simulated {len(out['run_ids'])} runs of {opts.duration:g} s in {wall:.1f} s wall")
-    typer.echo(f"OUT.json: {opts.json_out}\nreport: {page}")
+    return out, Path(opts.results) / "bench" / bench.bench_id, wall
 
 
 def build(config: EngineConfig, opts: SimOptions) -> SimBench:
     """The simulated benchmark of `config` under `opts`, defaults filled in for its kind."""
     from bench.sim_scenarios import GPU, SimBench, chat_workload
-    from flows.cli_bench import DOCS, RATE, WINDOW_S
-    from flows.cli_simulate import engine_params, sim_config, step_model
     from scheduler.budget_controller import BudgetControllerConfig
+    from serving.engine_profile import engine_params, step_model
+    from simulator.config import sim_config
 
     gpu = config.hardware.kind == "gpu"
     window = opts.window_s or (GPU.window_s if gpu else WINDOW_S)
@@ -100,7 +66,7 @@ def build(config: EngineConfig, opts: SimOptions) -> SimBench:
     )
     scale = opts.scale if opts.scale is not None else (1.0 if gpu else 0.1)
     base = sim_config(
-        config,
+        config.name,
         engine=engine_params(config),
         chat=chat_workload(rate, scale).model_dump(),
         batch={"docs": docs, "doc_tokens": doc_tokens, "mode": "map"},

@@ -1,9 +1,10 @@
 """Arrow schemas of every table a run writes and the warehouse holds (docs/design.md §4.5).
 
-`warehouse` imports nothing else of ours, so the columns of the request record are spelled out here
-again rather than derived from `scheduler.records`; the unit tests check that both still agree.
-Every producer (pipeline, chat load, simulator) writes these exact columns, so one set of SQL views
-answers for real and simulated runs alike.
+The one declaration of the run tables' columns: the pipeline, the chat-load generator, the
+simulator's recorder and the warehouse all read them here, so a column added or retyped changes
+every producer and the loader together. It lives in `scheduler`, the bottom of the dependency
+graph, because the simulator may not import `warehouse`; it declares shapes and does no I/O.
+The request columns are `scheduler.records.RequestRecord`'s, and a unit test checks they agree.
 """
 
 from __future__ import annotations
