@@ -107,6 +107,11 @@ def run_job(spec: JobSpec) -> JobResult:
             corpus_path=str(spec.corpus),
         )
     )
+    killed = store.recover_journal()  # requests of an earlier attempt that died mid-night
+    if killed:
+        log.warning(
+            "run %s: %d requests of an earlier, killed attempt recorded", spec.run_id, len(killed)
+        )
     already = store.finished_doc_ids()
     todo = corpus.filter(
         pc.invert(pc.is_in(corpus.column("doc_id"), pa.array(sorted(already), pa.string())))
@@ -116,7 +121,7 @@ def run_job(spec: JobSpec) -> JobResult:
     if spec.metrics_port is not None:
         metrics.serve(spec.metrics_port)
     ray = _init_ray()
-    gate = _start_gate(spec, engine)
+    gate = _start_gate(spec, engine, store.new_journal())
     totals, problems = {"done": 0, "failed": 0, "stopped": 0, "tokens": 0}, []
     deadline = None
     itl = EngineItlRecorder(spec.replicas)
@@ -135,6 +140,7 @@ def run_job(spec: JobSpec) -> JobResult:
         if deadline is not None:
             deadline.cancel()
         _stop_gate(ray, gate)
+        store.recover_journal()  # what this attempt cancelled in flight
         store.write_engine_itl(itl.series.rows(spec.run_id))
     store.finish(meta)
     if spec.pushgateway:
@@ -185,7 +191,7 @@ def _init_ray():
     return ray
 
 
-def _start_gate(spec: JobSpec, engine: EngineConfig):
+def _start_gate(spec: JobSpec, engine: EngineConfig, journal: Path):
     from pipelines.gate import start_gate
     from serving.replica_targets import control_targets, fit_path
 
@@ -209,6 +215,7 @@ def _start_gate(spec: JobSpec, engine: EngineConfig):
         metrics_port=spec.gate_metrics_port,
         controller=spec.controller or engine.controller,
         engine_flags=engine.vllm,
+        journal=str(journal),
     )
 
 
