@@ -98,9 +98,11 @@ class RunMetrics:
         )
         self.port: int | None = None
 
-    def serve(self, port: int) -> int:
-        """Expose the metrics on `port` (0 picks a free one); returns the port."""
-        server, _ = start_http_server(port, registry=self.registry)
+    def serve(self, port: int, addr: str = "127.0.0.1") -> int:
+        """Expose the metrics on `port` (0 picks a free one) of `addr`, loopback unless told
+        otherwise: a Prometheus on this host scrapes it, and nothing off the host should see a
+        run's figures by default. Returns the port."""
+        server, _ = start_http_server(port, addr=addr, registry=self.registry)
         self.port = server.server_port
         return self.port
 
