@@ -50,7 +50,9 @@ def run(
     config = load_config_or_exit(engine_config)
     fit = fit_path(engine_config, config.name)
     latency_model = latency_model or (fit if fit.is_file() else None)
-    _check_inputs(corpus, config, replica_url or [], run_id, results, policy, latency_model)
+    _check_inputs(
+        corpus, engine_config, config, replica_url or [], run_id, results, policy, latency_model
+    )
     slo = SLO(
         **{
             k: v
@@ -86,6 +88,7 @@ def run(
 
 def _check_inputs(
     corpus: Path,
+    engine_config: Path,
     config,
     urls: list[str],
     run_id: str | None,
@@ -97,6 +100,7 @@ def _check_inputs(
     from flows.replicas import ReplicaUnreachable, check_replica
     from pipelines.corpus import CorpusError, read_corpus
     from pipelines.run_store import RunMismatch, check_resumable
+    from serving.vllm_flags_check import VllmFlagError, check_vllm_flags
 
     if policy not in ("slo", "budget", "static", "none"):
         raise fail(f"unknown --policy {policy!r}; use none, static, budget or slo")
@@ -114,7 +118,9 @@ def _check_inputs(
             check_replica(url, config.model.served_name)
         if run_id:
             check_resumable(results, run_id, str(corpus))
-    except (CorpusError, ReplicaUnreachable, RunMismatch) as exc:
+        if not urls:  # the run starts its replicas: vLLM's own parser first, as `engine up` does
+            check_vllm_flags(config, engine_config)
+    except (CorpusError, ReplicaUnreachable, RunMismatch, VllmFlagError) as exc:
         raise fail(str(exc)) from None
 
 
