@@ -44,6 +44,7 @@ def run(
 ) -> None:
     """Run the nightly summarization now and print the run id."""
     from flows.nightly import default_pipeline, nightly_summarization
+    from flows.prefect_server import tie_temporary_server
     from scheduler.slo import SLO
     from serving.replica_targets import fit_path
 
@@ -60,6 +61,7 @@ def run(
             if v is not None
         }
     )
+    tie_temporary_server()  # a killed run leaves no Prefect server behind
     out = nightly_summarization(
         corpus=str(corpus),
         engine_config=str(engine_config),
