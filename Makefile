@@ -8,13 +8,18 @@ ENGINE_VENV := .venv-engine
 HAS_GPU := $(shell command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1 && echo yes)
 ENGINE_LOCK := $(if $(HAS_GPU),requirements/engine-gpu.txt,requirements/engine-cpu.lock)
 
-.PHONY: demo test bench-check unit lint venv engine-venv models prometheus clean-results
+.PHONY: demo test faults bench-check unit lint venv engine-venv models prometheus clean-results
 
 demo: venv engine-venv models
 	$(VENV)/bin/python -m flows.demo
 
 test: venv engine-venv models prometheus
 	$(VENV)/bin/python -m pytest -q
+
+# The fault suite alone (it also runs under `make test`): each case asserts its figure in
+# docs/results.md, "Faults".
+faults: venv engine-venv models
+	$(VENV)/bin/python -m pytest -q -m faults tests/faults
 
 # The Gate-vs-uncontrolled comparison on a real cpu-small replica; run it on a quiet host.
 bench-check: venv engine-venv models

@@ -88,6 +88,7 @@ def run(
 ) -> None:
     """Run the nightly summarization now and print the run id."""
     from flows.nightly import default_pipeline, nightly_summarization
+    from flows.prefect_server import tie_temporary_server
     from scheduler.slo import SLO
     from serving.replica_targets import ReplicaLookupError, configured_fit
 
@@ -100,7 +101,7 @@ def run(
     _use_auth(api_key, header or [])
     urls = (replica_url or []) + _replica_file_urls(replica_file)
     run_id = run_id or _tonight(timezone)
-    _check_inputs(corpus, config, urls, run_id, results, policy, latency_model)
+    _check_inputs(corpus, engine_config, config, urls, run_id, results, policy, latency_model)
     slo = SLO(
         **{
             k: v
@@ -108,6 +109,7 @@ def run(
             if v is not None
         }
     )
+    tie_temporary_server()  # a killed run leaves no Prefect server behind
     out = nightly_summarization(
         corpus=str(corpus),
         engine_config=str(engine_config),
@@ -200,6 +202,7 @@ def _replica_file_urls(path: Path | None) -> list[str]:
 
 def _check_inputs(
     corpus: Path,
+    engine_config: Path,
     config,
     urls: list[str],
     run_id: str | None,
@@ -211,6 +214,7 @@ def _check_inputs(
     from flows.replicas import ReplicaUnreachable, check_replica
     from pipelines.corpus import CorpusError, read_corpus
     from pipelines.run_store import RunMismatch, check_resumable
+    from serving.vllm_flags_check import VllmFlagError, check_vllm_flags
 
     check_policy_choice(policy)
     if policy in ("slo", "budget") and latency_model is None:
@@ -229,7 +233,9 @@ def _check_inputs(
             check_replica(url, config.model.served_name, auth=ReplicaAuth.from_env())
         if run_id:
             check_resumable(results, run_id, str(corpus))
-    except (CorpusError, ReplicaUnreachable, RunMismatch) as exc:
+        if not urls:  # the run starts its replicas: vLLM's own parser first, as `engine up` does
+            check_vllm_flags(config, engine_config)
+    except (CorpusError, ReplicaUnreachable, RunMismatch, VllmFlagError) as exc:
         raise fail(str(exc)) from None
 
 

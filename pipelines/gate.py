@@ -44,6 +44,7 @@ from pipelines.gate_setup import (
     plugin_sensor,
     sensor_window_s,
 )
+from pipelines.request_journal import RequestJournal
 from scheduler.admission import BatchInFlight, Decision, Observation
 from scheduler.budget_controller import BudgetControllerConfig
 from serving import engine_control
@@ -118,6 +119,8 @@ class GateActor:
         config = config or GateConfig(**settings)
         self.config = config
         self.run_id = run_id
+        self.journal = RequestJournal(config.journal) if config.journal is not None else None
+        """Every grant and release, written before it takes effect (pipelines/request_journal)."""
         self.replicas = {name: _Replica(name, url) for name, url in replicas}
         if not self.replicas:
             raise ValueError("a Gate needs at least one replica (name, base_url)")
@@ -155,7 +158,12 @@ class GateActor:
     # -- permits ----------------------------------------------------------------------------
 
     async def acquire(
-        self, doc_id: str, prompt_tokens: int, max_tokens: int = 0, timeout_s: float | None = None
+        self,
+        doc_id: str,
+        prompt_tokens: int,
+        max_tokens: int = 0,
+        timeout_s: float | None = None,
+        stage: str | None = None,
     ) -> Permit:
         """Wait for a seat under the current caps and take it on the replica with most headroom.
 
@@ -172,7 +180,7 @@ class GateActor:
                     self._check_can_ever_fit(kv_tokens)
                     replica = self._route(prompt_tokens, kv_tokens)
                     if replica is not None:
-                        return self._grant(replica, doc_id, prompt_tokens, kv_tokens)
+                        return self._grant(replica, doc_id, prompt_tokens, kv_tokens, stage)
                     await self._cond.wait()
         except TimeoutError:
             raise TimeoutError(
@@ -194,6 +202,8 @@ class GateActor:
                 break
         else:
             return False
+        if self.journal is not None:
+            self.journal.released(permit_id, record_row)
         self._counts["released"] += 1
         if record_row is not None:
             self._counts["failed"] += record_row.get("status", "ok") != "ok"
@@ -311,6 +321,8 @@ class GateActor:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._loop_task
         self.metrics.close()
+        if self.journal is not None:
+            self.journal.close()
         close = getattr(self.sensor, "aclose", None)
         if close is not None:
             await close()
@@ -430,7 +442,9 @@ class GateActor:
                 "map_reduce, or a smaller section_tokens)"
             )
 
-    def _grant(self, r: _Replica, doc_id: str, prompt_tokens: int, kv_tokens: int) -> Permit:
+    def _grant(
+        self, r: _Replica, doc_id: str, prompt_tokens: int, kv_tokens: int, stage: str | None
+    ) -> Permit:
         permit = Permit(
             permit_id=f"{self.run_id}-{next(self._ids)}",
             replica=r.name,
@@ -442,6 +456,10 @@ class GateActor:
         r.held[permit.permit_id] = _Held(permit, prompt_tokens, 0, kv_tokens - prompt_tokens)
         r.granted_kv_tokens += kv_tokens
         self._counts["granted"] += 1
+        if self.journal is not None:
+            self.journal.granted(
+                permit.permit_id, doc_id, stage, r.name, prompt_tokens, permit.granted_at
+            )
         log.debug("granted %s on %s for %s", permit.permit_id, r.name, doc_id)
         return permit
 
@@ -511,6 +529,13 @@ def start_gate(
         raise ValueError(f"give a GateConfig or its settings, not both ({', '.join(settings)})")
     config = config or GateConfig(**settings)
     config.check()
-    return Gate.options(name=gate_name(run_id), get_if_exists=True, lifetime=lifetime).remote(
-        run_id, list(replicas), config
-    )
+    options: dict[str, Any] = {}
+    if config.journal is not None:
+        # The journal is a file of the driver's run folder: the Gate must run on the driver's node.
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        node = ray.get_runtime_context().get_node_id()
+        options["scheduling_strategy"] = NodeAffinitySchedulingStrategy(node, soft=False)
+    return Gate.options(
+        name=gate_name(run_id), get_if_exists=True, lifetime=lifetime, **options
+    ).remote(run_id, list(replicas), config)

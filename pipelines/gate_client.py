@@ -14,8 +14,12 @@ class RayGateClient:
         self._gate = handle
         self._timeout = acquire_timeout_s
 
-    async def acquire(self, doc_id: str, prompt_tokens: int, max_tokens: int):
-        return await self._gate.acquire.remote(doc_id, prompt_tokens, max_tokens, self._timeout)
+    async def acquire(
+        self, doc_id: str, prompt_tokens: int, max_tokens: int, stage: str | None = None
+    ):
+        return await self._gate.acquire.remote(
+            doc_id, prompt_tokens, max_tokens, self._timeout, stage
+        )
 
     async def release(self, permit_id: str, row: dict, gaps: list[dict]) -> None:
         await self._gate.release.remote(permit_id, row, gaps)

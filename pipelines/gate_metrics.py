@@ -152,8 +152,9 @@ class GateMetrics:
         """Export the plug-in's latest status read (an `engine_steps` row)."""
         self.tokens_per_step.labels(row["replica"]).set(row["batch_tokens_per_step"])
 
-    def serve(self, port: int, addr: str = "0.0.0.0") -> int:
-        """Start the HTTP exporter; returns the bound port (pass 0 to let the OS pick one)."""
+    def serve(self, port: int, addr: str = "127.0.0.1") -> int:
+        """Start the HTTP exporter on `addr`, loopback unless told otherwise (as the run's own
+        metrics); returns the bound port (pass 0 to let the OS pick one)."""
         self._server, _ = start_http_server(port, addr=addr, registry=self.registry)
         return self._server.server_port
 

@@ -198,6 +198,9 @@ class GateConfig:
     control_targets: Mapping[str, ControlTarget] | None = None
     auth: ReplicaAuth | None = None
     """API key and headers for the replicas' routes; never logged (`serving/replica_auth.py`)."""
+    journal: str | Path | None = None
+    """File the Gate appends every grant and release to, before it takes effect
+    (`pipelines/request_journal.py`); the run folder's, so the Gate runs on the driver's node."""
 
     def __post_init__(self) -> None:
         if self.slo is None:  # callers pass slo=None for "the default SLO"

@@ -115,6 +115,11 @@ def run_job(spec: JobSpec) -> JobResult:
             corpus_path=str(spec.corpus),
         )
     )
+    killed = store.recover_journal()  # requests of an earlier attempt that died mid-night
+    if killed:
+        log.warning(
+            "run %s: %d requests of an earlier, killed attempt recorded", spec.run_id, len(killed)
+        )
     already = store.finished_doc_ids()
     todo = corpus.filter(
         pc.invert(pc.is_in(corpus.column("doc_id"), pa.array(sorted(already), pa.string())))
@@ -122,7 +127,7 @@ def run_job(spec: JobSpec) -> JobResult:
     t0 = time.time()
     metrics = spec.metrics or RunMetrics(spec.run_id)
     ray = _init_ray()
-    gate = _start_gate(spec, engine)
+    gate = _start_gate(spec, engine, store.new_journal())
     metrics.relay(lambda: ray.get(gate.metrics_text.remote(), timeout=RELAY_TIMEOUT_S))
     totals, problems = {"done": 0, "failed": 0, "stopped": 0, "tokens": 0}, []
     timers = [_stop_at_deadline(gate, spec.deadline_ts)]
@@ -145,6 +150,7 @@ def run_job(spec: JobSpec) -> JobResult:
                 timer.cancel()
         metrics.relay(None)
         _stop_gate(ray, gate)
+        store.recover_journal()  # what this attempt cancelled in flight
         store.write_engine_itl(itl.series.rows(spec.run_id))
     store.finish(meta)
     return JobResult(
@@ -210,7 +216,7 @@ def _init_ray():
     return ray
 
 
-def _start_gate(spec: JobSpec, engine: EngineConfig):
+def _start_gate(spec: JobSpec, engine: EngineConfig, journal: Path):
     from pipelines.gate import start_gate
     from serving.replica_targets import configured_fit, control_targets
 
@@ -237,6 +243,7 @@ def _start_gate(spec: JobSpec, engine: EngineConfig):
         interval_s=spec.interval_s,
         controller=spec.controller or engine.controller,
         engine_flags=engine.vllm,
+        journal=str(journal),
     )
 
 

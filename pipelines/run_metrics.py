@@ -168,8 +168,10 @@ class RunMetrics:
         self.port: int | None = None
         self._server = None
 
-    def serve(self, port: int, addr: str = "0.0.0.0") -> int:
-        """Expose the metrics on `port` (0 picks a free one) until `close`; returns the port."""
+    def serve(self, port: int, addr: str = "127.0.0.1") -> int:
+        """Expose the metrics on `port` (0 picks a free one) of `addr` until `close`, loopback
+        unless told otherwise: a Prometheus on this host scrapes it, and nothing off the host
+        should see a run's figures by default. Returns the port."""
         self._server, _ = start_http_server(port, addr=addr, registry=self.registry)
         self.port = self._server.server_port
         return self.port

@@ -1,4 +1,8 @@
-"""A run's files, written by the driver alone: the single writer of `results/runs/<run_id>/`.
+"""A run's files, written by the driver: the single writer of `results/runs/<run_id>/`'s tables.
+
+The one other writer is the Gate, which appends to the run's request journal (`journal/`, see
+`pipelines/request_journal.py`); the driver turns the journal into request rows. The run folder is
+created 0700: summaries are the corpus's content, and nothing else on the host needs to read them.
 
 Outcomes are appended as Parquet parts the moment documents finish, so a run that is killed keeps
 everything it finished, and a rerun with the same run id reads the parts to skip those documents.
@@ -16,6 +20,7 @@ from pathlib import Path
 
 import pyarrow as pa
 
+from pipelines.request_journal import read_events, unrecorded_requests
 from warehouse.run_files import (
     RunFilesError,
     RunMeta,
@@ -54,9 +59,34 @@ class RunStore:
                 )
             meta.started = old.started
         meta.started = meta.started or time.time()
-        self.dir.mkdir(parents=True, exist_ok=True)
+        self.dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        self.dir.chmod(0o700)
         write_meta(self.dir, meta)
         return meta
+
+    def new_journal(self) -> Path:
+        """The request journal file of the attempt starting now (the Gate writes it)."""
+        return self.dir / "journal" / f"{time.time_ns()}.jsonl"
+
+    def recover_journal(self) -> list[dict]:
+        """Write the request rows the journal holds and the requests table lacks, then remove the
+        journal: called when an attempt starts (an earlier one may have been killed) and when it
+        ends. Returns the rows written."""
+        folder = self.dir / "journal"
+        files = sorted(folder.glob("*.jsonl")) if folder.is_dir() else []
+        if not files:
+            return []
+        requests = read_table(self.dir, "requests", run_id=self.run_id)
+        recorded = set(requests.column("request_id").to_pylist())
+        documents = read_table(self.dir, "documents", run_id=self.run_id)
+        finished = set(documents.column("doc_id").to_pylist())
+        events = [e for f in files for e in read_events(f)]
+        rows = unrecorded_requests(self.run_id, events, recorded, finished)
+        if rows:
+            self._part("requests", rows)
+        for f in files:
+            f.unlink()
+        return rows
 
     def finished_doc_ids(self) -> set[str]:
         """Documents that already have a summary: a rerun does not redo them."""

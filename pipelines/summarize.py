@@ -29,7 +29,10 @@ from serving.tokenizer import Tokenizer
 class GateClient(Protocol):
     """What a document needs from the Gate (an adapter over the Ray actor, or a local stand-in)."""
 
-    async def acquire(self, doc_id: str, prompt_tokens: int, max_tokens: int) -> object: ...
+    async def acquire(
+        self, doc_id: str, prompt_tokens: int, max_tokens: int, stage: str | None = None
+    ) -> object:
+        """A permit for one request; `stage` goes to the run's request journal."""
 
     async def release(self, permit_id: str, row: dict | None, gaps: list[dict]) -> None: ...
 
@@ -212,7 +215,7 @@ class DocumentJob:
         last_error = "no attempt made"
         for _ in range(self.config.attempts_per_request):
             try:
-                permit = await self.gate.acquire(doc_id, len(prompt), max_tokens)
+                permit = await self.gate.acquire(doc_id, len(prompt), max_tokens, stage)
             except RunStopped:
                 raise
             except (RuntimeError, ValueError, TimeoutError) as exc:

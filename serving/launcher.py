@@ -17,11 +17,13 @@ the caller's session the yield reaches them, and those stalls are gone.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import signal
 import socket
 import subprocess
+import sys
 import time
 import warnings
 from collections.abc import Iterator, Mapping
@@ -34,8 +36,11 @@ from serving import cpu_features, local_models
 from serving.engine_config import EngineConfig, render_flags
 from serving.engine_site.control_files import CONTROL_DIR_ENV
 from serving.paths import DEFAULT_PORT, engine_python
+from serving.replica_guard import die_with_parent
 
 ENGINE_MODULE = "vllm.entrypoints.openai.api_server"
+GUARD_MODULE = "serving.replica_guard"
+"""Leads the group of a replica tied to its caller (its docstring says why)."""
 ENGINE_SITE = Path(__file__).resolve().parent / "engine_site"
 SHM_NAP_ENV = "NIGHTSHIFT_SHM_WAIT_NAP_US"
 LOG_TAIL_LINES = 40
@@ -178,8 +183,9 @@ class ReplicaSet:
         """Start `count` replicas on consecutive ports and wait until all answer /health.
 
         Any failure stops every replica this call started, then raises EngineStartError. With
-        `tie_to_caller` the replicas are also stopped by the kernel if this process dies without
-        cleaning up (killed, crashed): replicas a run or a test owns never outlive it."""
+        `tie_to_caller` each replica's group is led by `serving.replica_guard`, which stops the
+        whole group if this process dies without cleaning up (killed, crashed), at any stage of
+        the replica's start-up: replicas a run or a test owns never outlive it."""
         ports = [port + i for i in range(count)]
         busy = [p for p in ports if port_in_use(host, p)]
         if busy:
@@ -218,6 +224,8 @@ class ReplicaSet:
         log = self.state_dir / f"{name}.log"
         self.state_dir.mkdir(parents=True, exist_ok=True)
         control = fresh_control_dir(log.with_suffix(""))
+        if tie_to_caller:
+            argv = [sys.executable, "-m", GUARD_MODULE, str(os.getpid()), *argv]
         with open(log, "wb") as out:
             proc = subprocess.Popen(
                 argv,
@@ -231,7 +239,11 @@ class ReplicaSet:
                     CONTROL_DIR_ENV: str(control),
                 },
                 process_group=0,
-                preexec_fn=_die_with_parent if tie_to_caller and _on_main_thread() else None,
+                preexec_fn=(
+                    functools.partial(die_with_parent, os.getpid())
+                    if tie_to_caller and _on_main_thread()
+                    else None
+                ),
             )
         replica = Replica(
             name, config_path, config.model.served_name, host, port, proc.pid, str(log), time.time()
@@ -302,14 +314,6 @@ def _on_main_thread() -> bool:
     import threading
 
     return threading.current_thread() is threading.main_thread()
-
-
-def _die_with_parent() -> None:
-    """In the child, before exec: SIGTERM this process when its parent dies (Linux prctl)."""
-    import ctypes
-
-    pr_set_pdeathsig = 1
-    ctypes.CDLL("libc.so.6", use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM)
 
 
 def wait_healthy(replica: Replica, timeout_s: float) -> None:

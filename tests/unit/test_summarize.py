@@ -51,7 +51,7 @@ class FakeGate:
         self.prefills: list[tuple[str, int]] = []
         self.acquired: list[tuple[int, int]] = []
 
-    async def acquire(self, doc_id, prompt_tokens, max_tokens):
+    async def acquire(self, doc_id, prompt_tokens, max_tokens, stage=None):
         n = next(self.ids)
         if self.stop_after is not None and n >= self.stop_after:
             raise RunStopped("run stopped: deadline")

@@ -1,0 +1,58 @@
+"""What a command left running: its process tree, read from /proc, and waiting for it to go."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+
+def _stat(pid: int) -> list[str] | None:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+
+
+def descendants(pid: int) -> set[int]:
+    """Every live process below `pid`, at any depth (children of children included)."""
+    parents: dict[int, int] = {}
+    for d in Path("/proc").glob("[0-9]*"):
+        fields = _stat(int(d.name))
+        if fields is not None:
+            parents[int(d.name)] = int(fields[1])
+    found: set[int] = set()
+    frontier = {pid}
+    while frontier:
+        frontier = {p for p, parent in parents.items() if parent in frontier} - found
+        found |= frontier
+    return found
+
+
+def alive(pids: set[int]) -> set[int]:
+    """Those of `pids` still running (a zombie has exited and holds nothing but its entry)."""
+    return {p for p in pids if (f := _stat(p)) is not None and f[0] != "Z"}
+
+
+def command(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()[:200]
+    except OSError:
+        return "?"
+
+
+def wait_gone(pids: set[int], timeout_s: float) -> set[int]:
+    """Wait up to `timeout_s` for `pids` to exit; returns those still alive then."""
+    deadline = time.monotonic() + timeout_s
+    while (left := alive(pids)) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    return left
+
+
+def listening_address(port: int) -> str | None:
+    """The IPv4 address a TCP socket of this host listens on at `port`, from /proc/net/tcp."""
+    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+        local, state = line.split()[1], line.split()[3]
+        addr, hexport = local.split(":")
+        if state == "0A" and int(hexport, 16) == port:
+            return ".".join(str(int(addr[i : i + 2], 16)) for i in (6, 4, 2, 0))
+    return None

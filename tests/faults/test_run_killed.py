@@ -1,0 +1,97 @@
+"""`kill -9` of `nightshift run` mid-night, then the same run id again (cpu-tiny, a replica the
+run starts itself): nothing the killed run started outlives it, every document ends with exactly
+one summary, none finished before the kill is redone, the warehouse holds no duplicate, and the
+requests the kill cut off are recorded as killed rather than dropped."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import duckdb
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from tests.faults.processes import command, descendants, wait_gone
+from tests.integration.conftest import TINY
+from warehouse.run_files import read_table
+
+pytestmark = pytest.mark.engine
+
+AGENTS = ("ray::DashboardAgent", "ray::RuntimeEnvAgent")
+DOCS = [f"doc-{i:02d}" for i in range(10)]
+WORDS = "harbour ledger tenant clause river notice market repair rent contract".split()
+
+
+def corpus(path: Path) -> Path:
+    rows = [
+        {"doc_id": d, "text": " ".join(f"{WORDS[(i + j) % 10]}{j % 17}" for j in range(400))}
+        for i, d in enumerate(DOCS)
+    ]
+    pq.write_table(pa.Table.from_pylist(rows), path)
+    return path
+
+
+def start_run(work: Path, run_id: str) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-m", "flows.cli", "run", "--corpus", str(work / "c.parquet"),
+         "--engine-config", str(TINY), "--policy", "static", "--static-seats", "4",
+         "--run-id", run_id, "--results", str(work / "results")],
+        cwd=work, env={**os.environ, "PREFECT_HOME": str(work / "prefect")},
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+
+
+def summaries_so_far(run_dir: Path) -> list[str]:
+    if not (run_dir / "summaries").is_dir():
+        return []
+    return read_table(run_dir, "summaries").column("doc_id").to_pylist()
+
+
+def test_killed_run_leaves_nothing_and_its_rerun_loses_and_repeats_nothing(tmp_path: Path) -> None:
+    corpus(tmp_path / "c.parquet")
+    run_dir = tmp_path / "results" / "runs" / "killed"
+    run = start_run(tmp_path, "killed")
+    deadline = time.monotonic() + 400
+    while time.monotonic() < deadline and len(summaries_so_far(run_dir)) < 2:
+        assert run.poll() is None, run.stdout.read()[-3000:]
+        time.sleep(0.2)
+    tree = descendants(run.pid)  # replica, Ray (GCS, raylet, workers), Prefect's server
+    killed_at = time.time()
+    os.kill(run.pid, signal.SIGKILL)
+    run.wait()
+    done_before = set(summaries_so_far(run_dir))  # what the killed attempt finished
+    assert 2 <= len(done_before) < len(DOCS), "the kill did not land mid-night"
+    # Ray's node agents notice their raylet is gone only after a minute or more; they are
+    # checked once the rerun is over, everything else (replica, Ray, Prefect) now.
+    agents = {p for p in tree if command(p).startswith(AGENTS)}
+    left = wait_gone(tree - agents, timeout_s=60)
+    assert not left, [command(p) for p in left]
+
+    rerun = start_run(tmp_path, "killed")
+    out, _ = rerun.communicate(timeout=600)
+    assert rerun.returncode == 0, out[-3000:]
+    assert f"{len(done_before)} already done" in out
+
+    summaries = read_table(run_dir, "summaries").column("doc_id").to_pylist()
+    assert sorted(summaries) == DOCS  # every document exactly once
+    requests = read_table(run_dir, "requests").to_pylist()
+    redone = {r["doc_id"] for r in requests if r["t_submit"] > killed_at} & done_before
+    assert not redone  # nothing finished before the kill was sent again
+    killed = [r for r in requests if (r["error"] or "").startswith("killed:")]
+    assert killed and all(r["status"] == "cancelled" for r in killed)
+    assert {r["doc_id"] for r in killed} <= set(DOCS) - done_before
+    con = duckdb.connect(str(tmp_path / "results" / "nightshift.duckdb"), read_only=True)
+    rows, distinct = con.execute(
+        "select count(*), count(distinct doc_id) from summaries where run_id = 'killed'"
+    ).fetchone()
+    assert rows == distinct == len(DOCS)
+    docs = con.execute("select count(*) from documents where run_id = 'killed'").fetchone()[0]
+    assert docs == len(DOCS)
+    left = wait_gone(agents, timeout_s=120)
+    assert not left, [command(p) for p in left]
