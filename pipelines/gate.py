@@ -396,8 +396,9 @@ class GateActor:
         r.control_seq = engine_control.next_seq(r.control_seq)
         ttl = max(MIN_CONTROL_TTL_S, CONTROL_TTL_POLLS * self.interval_s)
         doc = engine_control.decision_document(
-            r.control_seq, d.batch_step_target_ms or 0.0, self.model, ttl, d.pause
-        )
+            r.control_seq, d.batch_step_target_ms or 0.0, self.model, ttl, d.pause,
+            idle_target_ms=d.idle_step_target_ms,
+        )  # fmt: skip
         try:
             await asyncio.to_thread(engine_control.send, target, doc)
         except ControlError as exc:

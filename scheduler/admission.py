@@ -79,6 +79,9 @@ class Decision:
     """What the engine plug-in sizes batch prefill chunks to (None: the policy sets none)."""
     kv_room_tokens: int | None = None
     """KV tokens new batch requests may claim until the next decision (None: not bounded)."""
+    idle_step_target_ms: float | None = None
+    """What the plug-in sizes batch chunks to while no chat is in the engine (None: the batch
+    step target always)."""
 
 
 def within_prefill_budget(

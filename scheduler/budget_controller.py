@@ -25,6 +25,11 @@ controller closes the loop around it, one `decide(observation)` per replica ever
    full engine waits whatever its priority). KV: a whole document is admitted only while its prompt
    and output fit under `kv_high_water` beside everything committed (`kv_room_tokens`, checked by
    the admitter at every grant), so an admitted 80k-token document is never preempted.
+5. **Idle steps.** While no chat request is in the engine there is no gap to protect, only the
+   wait of a chat that arrives during a step: the plug-in then sizes to the idle target,
+   `IDLE_TTFT_SHARE` of the TTFT SLO scaled by the same feedback (`_idle_target_ms`), and the
+   arriving prompt is reserved whole in the next step. A night's quiet hours run batch at the
+   engine's full step budget instead of at chat's.
 
 State is per replica (one object serves a fleet); no clock is read: time is `Observation.t`.
 """
@@ -46,6 +51,9 @@ COLD_START_SHARE = 0.5
 first windows are measured with room on both sides."""
 DECODE_SHARE = 0.5
 """Share of the step target batch decodes may fill: the rest stays for batch prefill chunks."""
+IDLE_TTFT_SHARE = 0.25
+"""Share of the TTFT SLO a step may take while no chat is in the engine (at the full target): a
+chat that arrives during it waits at most that long before its whole prompt is scheduled."""
 RATIO_SMOOTHING = 0.3
 """Weight of a new measured/predicted step ratio in the running estimate."""
 RATIO_BOUNDS = (0.25, 4.0)
@@ -133,6 +141,7 @@ class BudgetController:
             predicted_step_ms=1000 * state.target_s,
             batch_step_target_ms=1000 * state.target_s / state.ratio,
             kv_room_tokens=self._kv_room(obs),
+            idle_step_target_ms=self._idle_target_ms(state),
         )
 
     def is_stale(self, replica: str, t: float) -> bool:
@@ -173,6 +182,17 @@ class BudgetController:
                 state.cut_pressure = 1.0
                 return "grow"
         return "hold"
+
+    def _idle_target_ms(self, state: _Replica) -> float | None:
+        """The step target while no chat is in the engine: `IDLE_TTFT_SHARE` of the TTFT SLO,
+        scaled like the batch target by feedback (the target over its ceiling), so one number
+        still moves both; None without a TTFT SLO."""
+        ttft = self.slo.chat_ttft_p99_ms
+        if ttft is None:
+            return None
+        level = state.target_s / (self.slo.chat_itl_p99_ms / 1000)
+        idle_s = max(state.target_s, IDLE_TTFT_SHARE * ttft / 1000 * level)
+        return 1000 * idle_s / state.ratio
 
     def _cold_target(self) -> float:
         return COLD_START_SHARE * self.slo.chat_itl_p99_ms / 1000

@@ -46,6 +46,9 @@ class ControlDocument:
     """Smallest batch chunk worth a step (except the one that ends a prefill)."""
     pause: bool = False
     """True: no batch prefill chunk at all; batch decodes and all chat go on."""
+    idle_step_target_ms: float | None = None
+    """Step time batch chunks fit while no chat request is in the engine (absent: the batch
+    step target always): a chat arriving then waits at most this long for its prompt to start."""
 
     def expired(self, now: float) -> bool:
         return now >= self.expires_at
@@ -53,6 +56,8 @@ class ControlDocument:
     def to_json(self) -> str:
         doc = asdict(self)
         doc["latency_model"] = self.latency_model.coefficients()
+        if doc["idle_step_target_ms"] is None:
+            del doc["idle_step_target_ms"]
         return json.dumps({"format": FORMAT, **doc}, sort_keys=True)
 
 
@@ -64,6 +69,7 @@ _FIELDS = {
     "latency_model": dict,
     "min_chunk_tokens": int,
     "pause": bool,
+    "idle_step_target_ms": float,
 }
 _REQUIRED = ("seq", "expires_at", "batch_step_target_ms", "latency_model")
 
@@ -93,7 +99,13 @@ def from_dict(raw: object) -> ControlDocument:
         _check_type(key, value, _FIELDS[key])
     if raw.get("format", FORMAT) != FORMAT:
         raise ControlDocumentError(f"format {raw['format']!r}: this engine reads {FORMAT!r}")
-    for key in ("seq", "expires_at", "batch_step_target_ms", "min_chunk_tokens"):
+    for key in (
+        "seq",
+        "expires_at",
+        "batch_step_target_ms",
+        "min_chunk_tokens",
+        "idle_step_target_ms",
+    ):
         if key in raw and not (raw[key] >= 0 and math.isfinite(raw[key])):
             raise ControlDocumentError(f"{key} must be a finite number >= 0, got {raw[key]}")
     return ControlDocument(
@@ -103,6 +115,9 @@ def from_dict(raw: object) -> ControlDocument:
         latency_model=_latency_model(raw["latency_model"]),
         min_chunk_tokens=raw.get("min_chunk_tokens", 0),
         pause=raw.get("pause", False),
+        idle_step_target_ms=(
+            float(raw["idle_step_target_ms"]) if "idle_step_target_ms" in raw else None
+        ),
     )
 
 

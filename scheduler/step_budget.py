@@ -40,6 +40,18 @@ class BatchStepTarget:
     model: StepTimeModel
     min_chunk_tokens: int = 0
     paused: bool = False
+    idle_target_s: float | None = None
+    """The step time batch chunks fit while no chat request is in the engine (None: `target_s`
+    always); see `step_target_s`."""
+
+    def step_target_s(self, chat_in_engine: bool) -> float:
+        """The target of one step. With chat in the engine (decoding, prefilling or waiting) it
+        is `target_s`, which bounds chat's gaps. With none there is no gap to protect, only the
+        wait of a chat that arrives during the step: the step may run to `idle_target_s`, and the
+        arriving prompt is reserved whole in the next step."""
+        if chat_in_engine or self.idle_target_s is None:
+            return self.target_s
+        return max(self.target_s, self.idle_target_s)
 
 
 def is_batch(priority: int) -> bool:
@@ -135,6 +147,11 @@ class InEngine:
     computed_tokens: int
     """Tokens already in KV: a prefill chunk's position, a decode's context."""
     batch: bool
+
+
+def any_chat(requests: Iterable[InEngine]) -> bool:
+    """Whether any of `requests` is chat."""
+    return any(not r.batch for r in requests)
 
 
 def chat_reservation(

@@ -60,19 +60,21 @@ def decision_document(
     pause: bool = False,
     min_chunk_tokens: int = 0,
     now: float | None = None,
+    idle_target_ms: float | None = None,
 ) -> ControlDocument:
     """A checked control document that expires `ttl_s` after `now`."""
     now = time.time() if now is None else now
-    return from_dict(
-        {
-            "seq": seq,
-            "expires_at": now + ttl_s,
-            "batch_step_target_ms": float(target_ms),
-            "latency_model": model.coefficients(),
-            "min_chunk_tokens": min_chunk_tokens,
-            "pause": pause,
-        }
-    )
+    doc = {
+        "seq": seq,
+        "expires_at": now + ttl_s,
+        "batch_step_target_ms": float(target_ms),
+        "latency_model": model.coefficients(),
+        "min_chunk_tokens": min_chunk_tokens,
+        "pause": pause,
+    }
+    if idle_target_ms is not None:
+        doc["idle_step_target_ms"] = float(idle_target_ms)
+    return from_dict(doc)
 
 
 def send(target: ControlTarget, doc: ControlDocument, timeout_s: float = 2.0) -> None:

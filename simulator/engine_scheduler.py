@@ -24,6 +24,7 @@ from scheduler.step_budget import (
     BatchStepTarget,
     InEngine,
     StepBudget,
+    any_chat,
     chat_reservation,
 )
 from simulator.config import EngineParams
@@ -133,9 +134,14 @@ class EngineScheduler:
             self.max_seqs - len(self.running),
         )
         room = 0 if target.paused else self.budget - reserved
+        chat = any_chat(
+            [*map(_in_engine, self.running),
+             *(_in_engine(e[3] if self.by_priority else e) for e in waiting)]
+        )  # fmt: skip
         return StepBudget(
-            target.model, target.target_s, room, fixed, self.block_size, target.min_chunk_tokens
-        )
+            target.model, target.step_target_s(chat), room, fixed, self.block_size,
+            target.min_chunk_tokens,
+        )  # fmt: skip
 
     def _chunk(self, req: Request, remaining: int, budget: int) -> int:
         n = remaining

@@ -169,4 +169,10 @@ def plug_in_target(decision: Decision, model: StepTimeModel) -> BatchStepTarget 
     as a policy that writes no control document does."""
     if decision.batch_step_target_ms is None:
         return None
-    return BatchStepTarget(decision.batch_step_target_ms / 1000, model, paused=decision.pause)
+    idle = decision.idle_step_target_ms
+    return BatchStepTarget(
+        decision.batch_step_target_ms / 1000,
+        model,
+        paused=decision.pause,
+        idle_target_s=None if idle is None else idle / 1000,
+    )

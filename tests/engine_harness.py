@@ -212,6 +212,20 @@ def case_canary(folder: Path) -> dict:
     return {"vllm": vllm.__version__, "problems": problems}
 
 
+def case_idle(folder: Path) -> dict:
+    """A batch prompt alone under a target too tight for any chunk, with an idle target; then a
+    chat arrives: what batch gets per step before and after."""
+    s = make(budget_scheduler.BudgetScheduler, folder)
+    doc = engine_control.decision_document(1, 1.0, MODEL, 60.0, idle_target_ms=TARGET_MS)
+    engine_control.send(engine_control.ControlTarget("harness", folder=folder), doc)
+    time.sleep(0.03)
+    s.add_request(request("batch", BATCH_PROMPT, 10))
+    alone = [step(s) for _ in range(3)]
+    s.add_request(request("chat", CHAT_PROMPT, 0, max_tokens=16))
+    beside = [step(s) for _ in range(4)]
+    return {"alone": alone, "beside": beside}
+
+
 def case_step_log(folder: Path) -> dict:
     """The chat-mid-prefill scenario with the step log on: what the log holds beside what ran."""
     log = folder / "steps.jsonl"

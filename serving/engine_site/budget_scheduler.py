@@ -45,7 +45,7 @@ from pathlib import Path
 
 from scheduler import step_budget
 from scheduler.step import PrefillChunk, StepBatch
-from scheduler.step_budget import BatchPrefill, InEngine, StepBudget, is_batch
+from scheduler.step_budget import BatchPrefill, BatchStepTarget, InEngine, StepBudget, is_batch
 from serving.engine_site.control_channel import ControlChannel, Directive
 from serving.engine_site.control_files import CONTROL_DIR_ENV, CONTROL_FILE, STATUS_FILE
 from serving.engine_site.engine_status import EngineStatus, StepRecord
@@ -117,7 +117,13 @@ class _Plugin:
             return
         fixed, reserved = chat_reservation(sched)
         room = 0 if not d.sizing else sched.max_num_scheduled_tokens - reserved
-        self.budget = StepBudget(d.model, d.target_s, room, fixed, sched.block_size,
+        target = BatchStepTarget(d.target_s, d.model, idle_target_s=d.idle_target_s)
+        if d.idle_target_s is not None:
+            chat = step_budget.any_chat(map(_in_engine, [*sched.running, *sched.waiting]))
+            target_s = target.step_target_s(chat)
+        else:
+            target_s = d.target_s
+        self.budget = StepBudget(d.model, target_s, room, fixed, sched.block_size,
                                  d.min_chunk_tokens)  # fmt: skip
 
     def cap(self, request, num_computed_tokens: int, num_new_tokens: int) -> int:

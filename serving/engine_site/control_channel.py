@@ -40,6 +40,8 @@ class Directive:
     target_s: float
     model: LatencyModel
     min_chunk_tokens: int
+    idle_target_s: float | None = None
+    """Target of steps with no chat in the engine (`scheduler.step_budget.BatchStepTarget`)."""
 
     @property
     def sizing(self) -> bool:
@@ -84,9 +86,10 @@ class ControlChannel:
             state = "expired"
         else:
             state = "paused" if doc.pause else "active"
+        idle = doc.idle_step_target_ms
         return Directive(
             state, doc.seq, doc.batch_step_target_ms / 1000.0, doc.latency_model,
-            doc.min_chunk_tokens,
+            doc.min_chunk_tokens, None if idle is None else idle / 1000.0,
         )  # fmt: skip
 
     def _poll(self) -> None:

@@ -28,6 +28,7 @@ CASES = [
     "malformed",
     "garbage_first",
     "step_log",
+    "idle",
 ]
 
 
@@ -89,6 +90,13 @@ def test_garbage_before_any_valid_document_leaves_the_engine_stock(seen):
     g = seen["garbage_first"]
     assert [s["batch"] for s in g["steps"]] == [512, 512]
     assert g["status"]["state"] == "inert" and g["status"]["rejected"] == 1
+
+
+def test_with_no_chat_in_the_engine_batch_runs_to_the_idle_target_until_chat_arrives(seen):
+    alone, beside = seen["idle"]["alone"], seen["idle"]["beside"]
+    assert all(s.get("batch", 0) > 0 for s in alone), "the idle target buys chunks"
+    assert beside[0]["chat"] == 300, "the arriving chat gets its whole prompt next step"
+    assert all(s.get("batch", 0) == 0 for s in beside), "with chat in, the 1 ms target holds"
 
 
 def test_the_step_log_holds_every_step_as_scheduled_in_the_samples_format(seen, tmp_path):

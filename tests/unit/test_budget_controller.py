@@ -121,3 +121,15 @@ def test_the_kv_room_never_lets_a_document_past_the_high_water_mark():
         doc = rng.randint(1000, 90_000)
         if doc <= d.kv_room_tokens:
             assert committed + doc <= 0.9 * cap + 1
+
+
+def test_the_idle_target_is_a_share_of_the_ttft_slo_and_moves_with_feedback():
+    from scheduler.budget_controller import IDLE_TTFT_SHARE
+
+    c = controller()
+    cold = c.decide(obs(0))
+    # At the cold start the target is half its ceiling, so is the idle target's share.
+    assert cold.idle_step_target_ms == pytest.approx(IDLE_TTFT_SHARE * 1000 * COLD_START_SHARE)
+    cut = c.decide(obs(3, itl_ms=60))
+    assert cut.idle_step_target_ms == pytest.approx(cold.idle_step_target_ms * 0.7)
+    assert cut.idle_step_target_ms >= cut.batch_step_target_ms

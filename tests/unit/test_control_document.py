@@ -25,6 +25,10 @@ def doc(**over) -> dict:
 def test_round_trip():
     parsed = control_document.parse(json.dumps(doc()))
     assert parsed.seq == 5 and parsed.batch_step_target_ms == 40.0
+    assert parsed.idle_step_target_ms is None
+    assert "idle_step_target_ms" not in json.loads(parsed.to_json())
+    idle = control_document.parse(json.dumps({**doc(), "idle_step_target_ms": 250}))
+    assert control_document.parse(idle.to_json()).idle_step_target_ms == 250.0
     assert parsed.latency_model.coefficients() == MODEL.coefficients()
     assert parsed.expired(1060.0) and not parsed.expired(1059.9)
 
@@ -40,6 +44,8 @@ def test_round_trip():
         ({"latency_model": {"s_per_token": -1.0}}, "latency_model"),
         ({"latency_model": {"warp": 1.0}}, "unknown coefficient 'warp'"),
         ({"format": "other/9"}, "format 'other/9'"),
+        ({"idle_step_target_ms": -5}, "idle_step_target_ms must be a finite number >= 0"),
+        ({"idle_step_target_ms": None}, "idle_step_target_ms must be float"),
     ],
 )
 def test_bad_fields_are_named(over, named):

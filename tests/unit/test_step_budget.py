@@ -6,7 +6,13 @@ import pytest
 
 from scheduler.latency_model import LatencyModel
 from scheduler.step import PrefillChunk, StepBatch
-from scheduler.step_budget import BatchPrefill, StepBudget, is_batch, size_batch_prefills
+from scheduler.step_budget import (
+    BatchPrefill,
+    BatchStepTarget,
+    StepBudget,
+    is_batch,
+    size_batch_prefills,
+)
 
 # 5 ms floor, 0.05 ms per token, attention and prefix re-reads that grow with position.
 MODEL = LatencyModel(
@@ -69,3 +75,16 @@ def test_the_engines_own_cap_limits_a_grant():
 @pytest.mark.parametrize("priority,batch", [(0, False), (1, True), (10, True)])
 def test_priority_above_chat_is_batch(priority, batch):
     assert is_batch(priority) is batch
+
+
+def test_with_no_chat_in_the_engine_a_step_runs_to_the_idle_target():
+    target = BatchStepTarget(0.010, MODEL, idle_target_s=0.200)
+    assert target.step_target_s(chat_in_engine=True) == 0.010
+    assert target.step_target_s(chat_in_engine=False) == 0.200
+    assert BatchStepTarget(0.010, MODEL).step_target_s(chat_in_engine=False) == 0.010
+    assert BatchStepTarget(0.050, MODEL, idle_target_s=0.020).step_target_s(False) == 0.050
+    alone = StepBatch((), 0, 0)
+    deep = [BatchPrefill(78_000, 2_000)]
+    tight = size_batch_prefills(MODEL, target.step_target_s(True), 512, alone, deep)[0]
+    idle = size_batch_prefills(MODEL, target.step_target_s(False), 512, alone, deep)[0]
+    assert tight == 0 < idle, "deep in a prompt only the idle target buys a chunk"
