@@ -28,7 +28,7 @@ from scheduler.step import PrefillChunk
 from serving.calibration_plan import CalibrationError, ChunkGroup, DecodeShape, SweepPlan
 from serving.client import ClientConfig, Completion, StreamingClient
 from serving.engine_config import EngineConfig
-from serving.step_samples import read_samples, samples_path, step_row, write_samples
+from serving.step_samples import read_samples, samples_path, write_samples
 from serving.step_timing import (
     ChunkRun,
     DecodeRun,
@@ -389,8 +389,9 @@ def fit_without_stalls(
 
 def save(result: CalibrationResult, path: str | Path, provenance: dict) -> None:
     """Write the model with what it was fitted on: `provenance` (config, replica, sweep), the date,
-    the notes, the host load and every measured step; the steps also go to a samples file beside
-    it (FIT.samples.jsonl), the form `refit` and other tools read."""
+    the notes and the host load; every measured step goes to the samples file beside it
+    (FIT.samples.jsonl, named in the model's source), the form `refit` and other tools read. A
+    sweep timed inside the engine holds thousands of steps: they are kept once, there."""
     model, path = result.model, Path(path)
     steps = samples_path(path)
     model.source = {
@@ -401,8 +402,7 @@ def save(result: CalibrationResult, path: str | Path, provenance: dict) -> None:
         "host_load": result.host_load,
         "notes": result.notes,
         "samples_file": steps.name,
-        "steps": [step_row(s) for s in result.samples],
-        "stalled_steps": [step_row(s, stalled=True) for s in result.stalled],
+        "stalled_samples": len(result.stalled),
     }
     path.parent.mkdir(parents=True, exist_ok=True)
     write_samples(steps, result.samples, result.stalled)

@@ -50,8 +50,8 @@ def write_samples(
 
 
 def read_samples(path: str | Path) -> list[StepSample]:
-    """Every step of a samples file, stalled ones included. A fit file (FIT.json) is read too: a
-    calibration's fit file carries the same steps inline, older ones (before samples files) too."""
+    """Every step of a samples file, stalled ones included. A fit file (FIT.json) is read too: the
+    samples file it names, or the steps older fit files carried inline."""
     path = Path(path)
     try:
         text = path.read_text()
@@ -98,6 +98,8 @@ def _from_fit_file(path: Path, text: str) -> list[StepSample]:
         source = json.loads(text)["source"]
     except (ValueError, KeyError, TypeError):
         raise ValueError(f"{path}: not a latency model file with a source") from None
+    if source.get("samples_file"):
+        return read_samples(path.with_name(source["samples_file"]))
     rows = [*source.get("steps", []), *source.get("stalled_steps", [])]
     if not rows:
         raise ValueError(
