@@ -83,6 +83,10 @@ def test_80k_documents_are_summarized_whole_beside_chat_without_preemption(repli
         read_table(tmp_path / "results" / "runs" / "long-whole", "requests").to_pylist(),
         key=lambda r: r["t_submit"],
     )
+    report = (f"{result.docs_done} done in {result.seconds:.0f} s; prompt tokens "
+              f"{[r['prompt_tokens'] for r in requests]}, cached {[r['cached_tokens'] for r in requests]}, "
+              f"{len(chats)} chats beside")  # fmt: skip
+    print(report)
     assert len(requests) == 2, "each document is one request: summarized whole"
     assert all(r["prompt_tokens"] >= 80_000 for r in requests), requests
     assert requests[1]["cached_tokens"] > 0, "the instruction comes from the prefix cache"
