@@ -12,7 +12,7 @@ from scheduler.step import StepTimeModel
 from simulator.config import SimConfig
 from simulator.loop import EventLoop
 from simulator.simulation import PolicyFactory, Simulation
-from simulator.summary import RunTotals, summarize
+from simulator.summary import RunTotals, WindowVerdicts, summarize, window_verdicts
 from simulator.workloads import TraceRow
 
 
@@ -23,6 +23,11 @@ class SimResult:
     summary: dict
     sim: Simulation
     events: int
+    totals: RunTotals
+
+    def window_verdicts(self) -> WindowVerdicts:
+        """Chat's p99s and verdicts per SLO window, by part of the SLO (the summary's windows)."""
+        return window_verdicts(self.sim.recorder, self.totals, self.sim.cfg.slo)
 
     def tables(self) -> dict[str, pa.Table]:
         """requests, token_gaps, decisions and documents, in the warehouse's column layout."""
@@ -51,4 +56,4 @@ def simulate(
         docs_done=sim.dispatcher.docs_done,
         closed_at=sim.now,
     )
-    return SimResult(summarize(sim.recorder, totals, cfg.slo), sim, loop.handled)
+    return SimResult(summarize(sim.recorder, totals, cfg.slo), sim, loop.handled, totals)

@@ -64,6 +64,10 @@ class Simulation:
         self.session_of: dict[str, ChatSession] = {}
         self.accepting = True
         self.chat_in_flight = 0
+        self.batch_prefill_by_window: dict[int, int] = {}
+        """Batch prompt tokens prefilled per SLO window (index `t // slo.window_s`), finished
+        requests or not: the batch work a window carried, which completed requests alone
+        undercount in a run shorter than a document takes."""
 
     def initial_events(self) -> list[Event]:
         # The first decision comes before anything else at t=0, so batch never runs uncapped.
@@ -99,7 +103,12 @@ class Simulation:
 
     def end_step(self, replica: Replica) -> list[Event]:
         """Apply `replica`'s finished step, then start its next one (with any newly admitted work)."""
+        step = replica.step
         outcome = replica.end_step(self.now)
+        batch_prefill = sum(n for r, n in step.prefills if r.cls == "batch")
+        if batch_prefill:
+            w = int(self.now // self.cfg.slo.window_s)
+            self.batch_prefill_by_window[w] = self.batch_prefill_by_window.get(w, 0) + batch_prefill
         follow: list[Event] = []
         for req in outcome.finished:
             self.recorder.finish(req, self.now)

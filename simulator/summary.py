@@ -35,21 +35,62 @@ class RunTotals:
     """Virtual time the run closed: its duration plus however long chat took to drain."""
 
 
-def summarize(rec: Recorder, totals: RunTotals, slo: SLO) -> dict:
-    """The OUT.json dictionary."""
+@dataclass(frozen=True)
+class WindowVerdicts:
+    """Each SLO window's chat p99s (ms; NaN where the window has no samples) and which parts of
+    the SLO it held. `met` is the window's verdict: every part held and no chat request failed.
+    Kept apart per part because they move opposite ways with the engine's step budget (a larger
+    budget lengthens steps, so ITL; a smaller one queues prompts, so TTFT)."""
+
+    itl_p99_ms: np.ndarray
+    ttft_p99_ms: np.ndarray
+    itl_met: np.ndarray
+    ttft_met: np.ndarray
+    e2e_met: np.ndarray
+    no_failures: np.ndarray
+
+    @property
+    def met(self) -> np.ndarray:
+        return self.itl_met & self.ttft_met & self.e2e_met & self.no_failures
+
+
+def window_verdicts(rec: Recorder, totals: RunTotals, slo: SLO) -> WindowVerdicts:
+    """Chat's verdict in every SLO window of the run (the module docstring says what counts where)."""
     n = window_count(totals.sim_seconds, slo.window_s)
     chat = [r for r in rec.records if r.cls == "chat"]
     ttft, ttft_at = _ttfts(chat, totals.closed_at)
-    done = [r for r in chat if r.status == "ok"]
-    e2e, e2e_at = [r.e2e_s for r in done], [r.t_end for r in done]
     gaps, gap_at = rec.class_gaps("chat")
-    failed_at = [r.t_end if r.t_end is not None else r.t_submit for r in chat if r.status != "ok"]
-    met = _within(_window_p99(gaps, gap_at, n, slo.window_s), slo.chat_itl_p99_ms)
-    met &= _within(_window_p99(ttft, ttft_at, n, slo.window_s), slo.chat_ttft_p99_ms)
+    itl_p99 = _window_p99(gaps, gap_at, n, slo.window_s)
+    ttft_p99 = _window_p99(ttft, ttft_at, n, slo.window_s)
+    e2e_met = np.ones(n, dtype=bool)
     if slo.chat_e2e_p99_ms is not None:
-        met &= _within(_window_p99(e2e, e2e_at, n, slo.window_s), slo.chat_e2e_p99_ms)
-    for t in failed_at:
-        met[_window_of(t, n, slo.window_s)] = False
+        done = [r for r in chat if r.status == "ok"]
+        e2e, e2e_at = [r.e2e_s for r in done], [r.t_end for r in done]
+        e2e_met = _within(_window_p99(e2e, e2e_at, n, slo.window_s), slo.chat_e2e_p99_ms)
+    no_failures = np.ones(n, dtype=bool)
+    for r in chat:
+        if r.status != "ok":
+            no_failures[
+                _window_of(r.t_end if r.t_end is not None else r.t_submit, n, slo.window_s)
+            ] = False
+    return WindowVerdicts(
+        itl_p99_ms=itl_p99 * 1000.0,
+        ttft_p99_ms=ttft_p99 * 1000.0,
+        itl_met=_within(itl_p99, slo.chat_itl_p99_ms),
+        ttft_met=_within(ttft_p99, slo.chat_ttft_p99_ms),
+        e2e_met=e2e_met,
+        no_failures=no_failures,
+    )
+
+
+def summarize(rec: Recorder, totals: RunTotals, slo: SLO) -> dict:
+    """The OUT.json dictionary."""
+    chat = [r for r in rec.records if r.cls == "chat"]
+    ttft, _ = _ttfts(chat, totals.closed_at)
+    done = [r for r in chat if r.status == "ok"]
+    e2e = [r.e2e_s for r in done]
+    gaps, _ = rec.class_gaps("chat")
+    met = window_verdicts(rec, totals, slo).met
     batch_tokens, goodput = _batch_tokens(rec, slo.window_s, met)
     return {
         "chat": {

@@ -5,12 +5,13 @@ from __future__ import annotations
 import duckdb
 import pytest
 
+from scheduler.admission import StaticCaps
 from scheduler.slo import SLO
 from simulator.config import SimConfig
 from simulator.entities import Request, Segment
 from simulator.recorder import Recorder
 from simulator.run import simulate
-from simulator.summary import RunTotals, summarize, window_count
+from simulator.summary import RunTotals, summarize, window_count, window_verdicts
 from warehouse.db import db_path
 from warehouse.load import load_results
 from warehouse.run_files import RunMeta, write_meta, write_table
@@ -101,3 +102,31 @@ def test_slo_windows_agree_with_the_warehouse_views(tmp_path):
     ).fetchone()[0]
     con.close()
     assert sql_met == pytest.approx(met)
+
+
+def test_window_verdicts_keep_itl_and_ttft_apart():
+    rec = Recorder("r")
+    finished(rec, "gappy", "chat", 1.0, [1.2 + 0.5 * i for i in range(20)])  # ITL 500 ms, window 0
+    finished(rec, "late", "chat", 70.0, [72.5, 72.52])  # TTFT 2.5 s, window 1
+    v = window_verdicts(rec, totals(), SLO_50_1000)
+    assert v.itl_met.tolist() == [False, True] and v.ttft_met.tolist() == [True, False]
+    assert v.met.tolist() == [False, False]
+    assert v.ttft_p99_ms[1] == pytest.approx(2500)
+
+
+def test_batch_prefill_is_counted_in_the_window_its_step_ended():
+    cfg = SimConfig.model_validate(
+        {
+            "duration_s": 60.0,
+            "engine": {"kv_capacity_tokens": 100_000, "max_num_batched_tokens": 1000},
+            "batch": {"docs": 1, "doc_tokens": 5000, "instruction_tokens": 0, "mode": "whole"},
+            "slo": {"window_s": 10.0},
+        }
+    )
+
+    class Steps:
+        def step_seconds(self, batch):
+            return 3.0  # chunks of 1000 end at 3, 6, 9 s (window 0), then 12 and 15 s (window 1)
+
+    result = simulate(cfg, Steps(), lambda _name: StaticCaps(1, 1000))
+    assert result.sim.batch_prefill_by_window == {0: 3000, 1: 2000}
