@@ -39,6 +39,7 @@ class ReplicaSensor:
         kv_usage: float,
         running: list[Request],
         waiting: list[Request],
+        kv_capacity_tokens: int | None = None,
     ) -> Observation:
         """The observation at `t`; starts a fresh interval afterwards."""
         self.window.append(self.current)
@@ -53,6 +54,7 @@ class ReplicaSensor:
             chat_itl_p99_s=_p99(gaps),
             chat_ttft_p99_s=_p99(ttfts),
             kv_usage=kv_usage,
+            kv_capacity_tokens=kv_capacity_tokens,
             preemptions=self.window[-1].preemptions,
             running=len(running),
             waiting=len(waiting),

@@ -144,9 +144,11 @@ class Simulation:
         follow: list[Event] = []
         for replica in self.replicas:
             engine = replica.engine
+            kv = replica.kv
             obs = replica.sensor.observe(
-                self.now, replica.name, replica.kv.usage, engine.running, engine.waiting()
-            )
+                self.now, replica.name, kv.usage, engine.running, engine.waiting(),
+                kv.num_blocks * kv.block_size,
+            )  # fmt: skip
             decision = self.policies[replica.name].decide(obs)
             self.recorder.decision(obs, decision)
             self.dispatcher.set_decision(replica.name, decision)
