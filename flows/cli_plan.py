@@ -23,8 +23,8 @@ def register(app: typer.Typer) -> None:
 
 
 def plan_command(
-    model: Annotated[str, typer.Option(help="Model spec name, e.g. llama-3.1-70b.")],
-    gpu: Annotated[str, typer.Option(help="GPU spec name, e.g. h100-sxm (or h100).")],
+    model: Annotated[str | None, typer.Option(help="Model spec name, e.g. llama-3.1-70b.")] = None,
+    gpu: Annotated[str | None, typer.Option(help="GPU spec name, e.g. h100-sxm (or h100).")] = None,
     gpus: Annotated[int, typer.Option(help="GPUs per replica (tensor parallel).")] = 1,
     weight_dtype: Annotated[str, typer.Option(help="bf16, fp16, fp8, int8 or int4.")] = "bf16",
     kv_dtype: Annotated[str, typer.Option(help="KV cache dtype: bf16, fp16, fp8, ...")] = "bf16",
@@ -61,12 +61,49 @@ def plan_command(
     emit_engine_config: Annotated[
         Path | None, typer.Option(help="Write an engine config YAML for this plan to PATH.")
     ] = None,
+    # --fleet: simulate replicas of --engine-config under a chat load (flows/plan_fleet.py).
+    fleet: Annotated[
+        bool, typer.Option(help="Plan a fleet of --engine-config by simulation.")
+    ] = False,
+    engine_config: Annotated[Path | None, typer.Option(help="--fleet: the replica class.")] = None,
+    chat_rate: Annotated[float | None, typer.Option(help="--fleet: chat requests/s.")] = None,
+    chat_trace: Annotated[Path | None, typer.Option(help="--fleet: chat trace CSV.")] = None,
+    ttft_slo_ms: Annotated[float, typer.Option(help="--fleet: chat TTFT p99 SLO.")] = 1000.0,
+    window_s: Annotated[float, typer.Option(help="--fleet: SLO window, seconds.")] = 60.0,
+    night_hours: Annotated[float, typer.Option(help="--fleet: length of the night.")] = 8.0,
+    max_replicas: Annotated[int, typer.Option(help="--fleet: most replicas tried.")] = 8,
+    sim_minutes: Annotated[float, typer.Option(help="--fleet: simulated minutes per run.")] = 3.0,
+    seed: Annotated[int, typer.Option(help="--fleet: random seed of every run.")] = 0,
+    latency_model: Annotated[Path | None, typer.Option(help="--fleet: latency fit JSON.")] = None,
 ) -> None:
     """Size a replica: KV and weight memory, concurrency, decode roofline, chunk sizes per position."""
     from scheduler.planner import Efficiency, PlanError, plan
     from scheduler.specs import SpecError
     from serving.plan_config import write_engine_config
 
+    if fleet:
+        from flows.plan_fleet import FleetOptions, fleet_command
+
+        return fleet_command(
+            FleetOptions(
+                engine_config,
+                chat_rate,
+                chat_trace,
+                itl_slo_ms,
+                ttft_slo_ms,
+                window_s,
+                doc_tokens or 80_000,
+                night_hours,
+                max_replicas,
+                sim_minutes,
+                seed,
+                latency_model,
+                json_out,
+            )  # fmt: skip
+        )
+    if model is None or gpu is None:
+        typer.echo("error: plan needs --model and --gpu (or --fleet --engine-config)", err=True)
+        raise typer.Exit(2)
     try:
         result = plan(
             model,
