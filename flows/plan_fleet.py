@@ -123,6 +123,7 @@ def fleet_search(config: EngineConfig, opts: FleetOptions) -> FleetSearch:
         controller=config.controller or BudgetControllerConfig(),
         trace=load_trace(opts.chat_trace) if opts.chat_trace else None,
         minutes=opts.sim_minutes,
+        warmup_minutes=0.0 if opts.chat_trace else 2.0,
         max_replicas=opts.max_replicas,
         doc_tokens=opts.doc_tokens,
         night_hours=opts.night_hours,
@@ -163,7 +164,8 @@ def render(doc: dict) -> str:
         f"fleet plan for {doc['engine_config']}, chat {load}, SLO ITL p99 {slo['itl_p99_ms']:g} "
         f"ms and TTFT p99 {slo['ttft_p99_ms']:g} ms in {doc['windows_required']:.0%} of "
         f"{slo['window_s']:g} s windows "
-        f"({doc['sim_minutes']:g} simulated minutes per run)"
+        f"({doc['sim_minutes']:g} simulated minutes judged per run, after "
+        f"{doc['warmup_minutes']:g} of warm-up)"
     ]
     if doc["replicas"] is None:
         lines.append("chat alone     no fleet held the SLO (see the probes above)")

@@ -36,7 +36,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 
 import numpy as np
 
@@ -45,6 +45,7 @@ from scheduler.budget_controller import BudgetController, BudgetControllerConfig
 from scheduler.step import PrefillChunk, StepBatch, StepTimeModel
 from simulator.config import EngineParams, SimConfig
 from simulator.run import SimResult, simulate
+from simulator.summary import WindowVerdicts
 from simulator.workloads import TraceRow
 
 BUDGET_GRANULARITY = 16
@@ -72,7 +73,13 @@ class FleetSearch:
     trace: list[TraceRow] | None = None
     """Replayed chat, when the load is a trace rather than `base.chat.rate`."""
     minutes: float = 3.0
-    """Simulated minutes of every run: each probe and the batch run."""
+    """Simulated minutes judged in every run: each probe and the batch run."""
+    warmup_minutes: float = 2.0
+    """Simulated minutes before the judged ones, never judged. Chat sessions are all born during
+    the run, and multi-turn sessions (4 turns about 20 s apart by default) take about two minutes
+    to bring the load up to its rate; judged earlier, a fleet would be planned for less chat than
+    it gets. Batch starts after it, as a night starts beside chat already running. 0 for a
+    trace, which is the load from its first row."""
     max_replicas: int = 8
     """Largest replica count tried before giving up."""
     probes_per_count: int = 4
@@ -88,8 +95,11 @@ class FleetSearch:
 
     def __post_init__(self) -> None:
         problems = []
-        if self.minutes <= 0:
-            problems.append(f"minutes {self.minutes}: simulate at least a fraction of a minute")
+        if self.minutes <= 0 or self.warmup_minutes < 0:
+            problems.append(
+                f"minutes {self.minutes}, warm-up {self.warmup_minutes}: judge at least a "
+                "fraction of a minute, after a warm-up of 0 or more"
+            )
         if self.max_replicas < 1:
             problems.append(f"max replicas {self.max_replicas}: must be >= 1")
         if self.probes_per_count < 1:
@@ -155,6 +165,8 @@ class BatchRun:
     docs: int
     """Backlog documents, more than the fleet can finish in the run."""
     windows_met: float
+    itl_windows_met: float
+    ttft_windows_met: float
     slo_held: bool
     docs_done: int
     preemptions: int
@@ -179,6 +191,7 @@ class FleetPlan:
     document: DocumentFit | None = None
     batch: BatchRun | None = None
     sim_minutes: float = 0.0
+    warmup_minutes: float = 0.0
     windows_required: float = 0.99
     night_hours: float = 0.0
     doc_tokens: int = 0
@@ -245,6 +258,7 @@ def plan_fleet(
         budget=chosen and chosen.budget,
         probes=probes,
         sim_minutes=search.minutes,
+        warmup_minutes=search.warmup_minutes,
         windows_required=search.required_share,
         night_hours=search.night_hours,
         doc_tokens=search.doc_tokens,
@@ -317,12 +331,27 @@ def _round_budget(value: float, ceiling: int) -> int:
     return max(step, min(ceiling, step * round(value / step)))
 
 
+def judged(v: WindowVerdicts, skip: int) -> WindowVerdicts:
+    """The verdicts of the windows after the first `skip` (the warm-up)."""
+    return WindowVerdicts(*(getattr(v, f.name)[skip:] for f in fields(WindowVerdicts)))
+
+
+def _warmup_windows(search: FleetSearch) -> int:
+    """Windows that begin inside the warm-up; judging starts with the first one that does not."""
+    return math.ceil(60.0 * search.warmup_minutes / search.base.slo.window_s - 1e-9)
+
+
+def _duration_s(search: FleetSearch) -> float:
+    return _warmup_windows(search) * search.base.slo.window_s + 60.0 * search.minutes
+
+
 def run_probe(search: FleetSearch, replicas: int, budget: int) -> Probe:
-    """Chat alone on `replicas` replicas at step budget `budget`, judged per SLO window."""
+    """Chat alone on `replicas` replicas at step budget `budget`, judged per SLO window after
+    the warm-up."""
     cfg = search.base.model_copy(
         update={
             "replicas": replicas,
-            "duration_s": 60.0 * search.minutes,
+            "duration_s": _duration_s(search),
             "drain_s": min(search.base.drain_s, PROBE_DRAIN_S),
             "engine": budget_engine(search.base.engine, budget),
             "batch": search.base.batch.model_copy(update={"docs": 0}),
@@ -331,7 +360,7 @@ def run_probe(search: FleetSearch, replicas: int, budget: int) -> Probe:
     no_batch = StaticCaps(0, 1)
     started = time.perf_counter()
     result = simulate(cfg, search.model, lambda _replica: no_batch, search.trace)
-    v = result.window_verdicts()
+    v = judged(result.window_verdicts(), _warmup_windows(search))
     slo, share = cfg.slo, search.required_share
     met = float(np.mean(v.met))
     itl = part_pressure(v.itl_p99_ms, slo.chat_itl_p99_ms, share)
@@ -400,7 +429,7 @@ def backlog_docs(search: FleetSearch, replicas: int) -> int:
     step alone is the fastest any replica can go, so this many never run dry."""
     prompt = search.doc_tokens + search.base.batch.instruction_tokens
     fastest = max(search.model.step_seconds(StepBatch((PrefillChunk(prompt, 0),))), 1e-3)
-    per_replica = math.ceil(60.0 * search.minutes / fastest) + search.controller.max_seats
+    per_replica = math.ceil(_duration_s(search) / fastest) + search.controller.max_seats
     return replicas * per_replica
 
 
@@ -409,23 +438,29 @@ def batch_run(
 ) -> BatchRun:
     """Answer 3: the fleet with a backlog of whole documents under the SLO controller."""
     docs = backlog_docs(search, replicas)
+    skip = _warmup_windows(search)
+    batch = {"docs": docs, "doc_tokens": search.doc_tokens, "mode": "whole"}
+    batch["start_s"] = skip * search.base.slo.window_s
     cfg = search.base.model_copy(
         update={
             "replicas": replicas,
-            "duration_s": 60.0 * search.minutes,
+            "duration_s": _duration_s(search),
             "engine": budget_engine(search.base.engine, budget),
-            "batch": search.base.batch.model_copy(
-                update={"docs": docs, "doc_tokens": search.doc_tokens, "mode": "whole"}
-            ),
+            "batch": search.base.batch.model_copy(update=batch),
         }
     )
     controller = BudgetController(cfg.slo, search.model, search.controller, cfg.engine.max_num_seqs)
     started = time.perf_counter()
     result = simulate(cfg, search.model, lambda _replica: controller, search.trace)
-    met = result.window_verdicts().met
-    by_window = result.sim.batch_prefill_by_window
-    held_tokens = sum(n for w, n in by_window.items() if met[min(w, len(met) - 1)])
-    seconds = cfg.duration_s
+    verdicts = judged(result.window_verdicts(), skip)
+    met = verdicts.met
+    by_window = {}  # judged windows only, numbered from the first judged one
+    for w, n in result.sim.batch_prefill_by_window.items():
+        if w >= skip:
+            k = min(w - skip, len(met) - 1)  # the run's last window takes what ends after it
+            by_window[k] = by_window.get(k, 0) + n
+    held_tokens = sum(n for k, n in by_window.items() if met[k])
+    seconds = 60.0 * search.minutes
     held_per_s = held_tokens / seconds
     prompt = search.doc_tokens + cfg.batch.instruction_tokens
     share = float(np.mean(met))
@@ -433,6 +468,8 @@ def batch_run(
     run = BatchRun(
         docs=docs,
         windows_met=share,
+        itl_windows_met=float(np.mean(verdicts.itl_met)),
+        ttft_windows_met=float(np.mean(verdicts.ttft_met)),
         slo_held=share >= search.required_share - 1e-9,
         docs_done=result.summary["batch"]["docs_done"],
         preemptions=result.summary["preemptions"],
@@ -445,7 +482,8 @@ def batch_run(
     )
     if say is not None:
         say(
-            f"batch  {replicas} replicas, budget {budget}: SLO held in {share:.0%} of windows, "
+            f"batch  {replicas} replicas, budget {budget}: SLO held in {share:.0%} of windows "
+            f"(ITL {run.itl_windows_met:.0%}, TTFT {run.ttft_windows_met:.0%}), "
             f"{run.docs_per_night:,.0f} documents per night ({run.wall_s:.1f} s)"
         )
     return run

@@ -13,11 +13,13 @@ from simulator.fleet import (
     FleetSearch,
     Probe,
     budget_engine,
+    judged,
     largest_document,
     part_pressure,
     plan_fleet,
     verdict,
 )
+from simulator.summary import WindowVerdicts
 
 
 class Steps:
@@ -85,7 +87,14 @@ def test_no_fleet_within_the_limit_says_so_and_runs_no_batch():
 
 
 def test_a_search_on_the_simulator_adds_a_replica_and_documents_beside_chat():
-    search = FleetSearch(base=base(), model=Steps(), minutes=0.5, doc_tokens=8000, max_replicas=3)
+    search = FleetSearch(
+        base=base(),
+        model=Steps(),
+        minutes=0.5,
+        warmup_minutes=0.25,
+        doc_tokens=8000,
+        max_replicas=3,
+    )
     plan = plan_fleet(search)
     assert all(p.verdict != "holds" for p in plan.probes if p.replicas == 1)
     chosen = next(p for p in plan.probes if (p.replicas, p.budget) == (2, plan.budget))
@@ -130,3 +139,16 @@ def test_bad_search_settings_are_named():
         FleetSearch(base=base(rate=0.0), model=Steps())
     with pytest.raises(FleetError, match="max replicas 0"):
         FleetSearch(base=base(), model=Steps(), max_replicas=0)
+
+
+def test_warm_up_windows_are_left_out_of_every_verdict():
+    v = WindowVerdicts(
+        itl_p99_ms=np.array([90.0, 10.0, 20.0]),
+        ttft_p99_ms=np.array([5.0, 6.0, 7.0]),
+        itl_met=np.array([False, True, True]),
+        ttft_met=np.ones(3, dtype=bool),
+        e2e_met=np.ones(3, dtype=bool),
+        no_failures=np.ones(3, dtype=bool),
+    )
+    after = judged(v, 1)
+    assert after.met.tolist() == [True, True] and after.itl_p99_ms.tolist() == [10.0, 20.0]
