@@ -3,6 +3,7 @@
 The arithmetic lives in `scheduler.planner` and the engine config it renders in
 `serving.plan_config`; this module turns options into a plan and prints it (a table, or JSON with
 `--json PATH`, `-` for stdout).
+`--fleet` instead plans a fleet of an engine config by simulation (flows/plan_fleet.py).
 """
 
 from __future__ import annotations

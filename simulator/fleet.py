@@ -24,11 +24,14 @@ Three answers for one replica class and one chat load, each from the simulator's
    keeps a run shorter than a document's prefill from counting its progress as nothing. The
    controller starts cold, so a short run understates a night.
 
-Invariants: every probe runs the same seed, chat workload and engine except the budget and the
-replica count, so probes differ only by what the search changes; pressure is a part's window
-p99 over its SLO in the window that ranks at `required_share` from the best, so a pressure at
-or below 1 means exactly that this part alone held in enough windows. The search assumes each part is monotone
-in the budget (the mechanism above); a workload where it is not may need more probes.
+Every run judges only the windows after a chat warm-up (`FleetSearch.warmup_minutes`), and batch
+starts there. Invariants: every probe runs the same seed, chat workload and engine except the
+budget and the replica count, so probes differ only by what the search changes; pressure is a
+part's window p99 over its SLO in the window that ranks at `required_share` from the best, so a
+pressure at or below 1 means exactly that this part alone held in enough windows. The search
+assumes each part is monotone in the budget (the mechanism above); where one is not, the
+bisection may miss a budget that holds. A run judges `minutes` worth of windows, so a miss rarer
+than one window in that many goes unseen: longer runs give firmer answers.
 """
 
 from __future__ import annotations
@@ -254,8 +257,8 @@ def plan_fleet(
         if chosen is not None:
             break
     plan = FleetPlan(
-        replicas=chosen and chosen.replicas,
-        budget=chosen and chosen.budget,
+        replicas=chosen.replicas if chosen else None,
+        budget=chosen.budget if chosen else None,
         probes=probes,
         sim_minutes=search.minutes,
         warmup_minutes=search.warmup_minutes,
