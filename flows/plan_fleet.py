@@ -1,16 +1,15 @@
 """`nightshift plan --fleet`: an engine config and a chat load in, a fleet plan out.
 
 The search is `simulator.fleet`; this module reads the engine config as `nightshift simulate` does
-(engine flags, KV capacity from the planner or the CPU KV space) and picks its step-time model:
-`--latency-model` when given, else the fit beside the config (`fits/<name>.json`), else the
-roofline prior of a GPU config. A CPU config without a fit has no honest step times, so it is
-refused with the command that makes one.
+(`serving.engine_profile`: engine flags, KV capacity from the planner or the CPU KV space) and
+picks its step-time model: `--latency-model` when given, else the config's latency fit
+(`latency_fit`, by default `fits/<name>.json` beside it), else the roofline prior of a GPU config.
+A CPU config without a fit has no honest step times, so it is refused with the command that
+makes one.
 """
 
 from __future__ import annotations
 
-import json
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -45,7 +44,8 @@ def fleet_command(opts: FleetOptions) -> None:
     """Run the fleet search and report it; bad input exits 2, no fleet found exits 1."""
     from pydantic import ValidationError
 
-    from flows.cli_simulate import explain
+    from flows.cli_options import write_json
+    from simulator.config import explain
     from simulator.fleet import plan_fleet
 
     try:
@@ -57,7 +57,7 @@ def fleet_command(opts: FleetOptions) -> None:
         _fail(str(exc))
     plan = plan_fleet(search, progress=lambda line: typer.echo(line, err=True))
     doc = _document(config, opts, plan)
-    to_stdout = _write_json(opts.json_out, doc)
+    to_stdout = write_json(opts.json_out, doc)
     if not to_stdout:
         typer.echo(render(doc))
     for warning in plan.warnings:
@@ -82,31 +82,34 @@ def _engine_config(opts: FleetOptions) -> EngineConfig:
 
 
 def step_model_path(config: EngineConfig, config_path: Path, given: Path | None) -> Path | None:
-    """The fit to price steps with (None: the roofline prior); raises when there is neither."""
+    """The fit to price steps with (None: the roofline prior); raises when there is neither, or
+    when the config names a fit that is missing."""
+    from serving.replica_targets import configured_fit, fit_path
+
     if given is not None:
         return given
-    beside = config_path.parent / "fits" / f"{config.name}.json"
-    if beside.is_file():
-        return beside
-    if config.hardware.gpu_type is not None:
-        return None
+    fit = configured_fit(config_path, config)
+    if fit is not None or config.hardware.gpu_type is not None:
+        return fit
+    path = fit_path(config_path, config)
     raise ValueError(
-        f"engine config {config.name} has no latency fit at {beside} and no hardware.gpu_type "
+        f"engine config {config.name} has no latency fit at {path} and no hardware.gpu_type "
         f"to price steps by roofline: fit one with `nightshift calibrate --engine-config "
-        f"{config_path} --out {beside}`, or pass --latency-model FIT.json"
+        f"{config_path} --out {path}`, or pass --latency-model FIT.json"
     )
 
 
 def fleet_search(config: EngineConfig, opts: FleetOptions) -> FleetSearch:
     """The simulator's fleet question for `config` under `opts`."""
-    from flows.cli_simulate import engine_params, sim_config, step_model
     from scheduler.budget_controller import BudgetControllerConfig
+    from serving.engine_profile import engine_params, step_model
+    from simulator.config import sim_config
     from simulator.fleet import FleetSearch
     from simulator.workloads import load_trace
 
     fit = step_model_path(config, opts.engine_config, opts.latency_model)
     base = sim_config(
-        config,
+        config.name,
         engine=engine_params(config),
         chat={"rate": opts.chat_rate or 0.0},
         control={"interval_s": 2.0, "observe_window_s": 20.0},
@@ -140,19 +143,6 @@ def _document(config: EngineConfig, opts: FleetOptions, plan: FleetPlan) -> dict
         "window_s": opts.window_s,
     }
     return {"engine_config": config.name, "chat": chat, "slo": slo, **plan.to_dict()}
-
-
-def _write_json(path: Path | None, doc: dict) -> bool:
-    """Write `doc` to `path` (`-`: stdout); True when it went to stdout."""
-    if path is None:
-        return False
-    text = json.dumps(doc, indent=2) + "\n"
-    if str(path) == "-":
-        sys.stdout.write(text)
-        return True
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(text)
-    return False
 
 
 def render(doc: dict) -> str:

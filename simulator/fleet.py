@@ -44,7 +44,8 @@ from dataclasses import asdict, dataclass, field, fields
 import numpy as np
 
 from scheduler.admission import StaticCaps
-from scheduler.budget_controller import BudgetController, BudgetControllerConfig
+from scheduler.budget_controller import BudgetControllerConfig
+from scheduler.policy_factory import PolicyChoice, make_policy
 from scheduler.step import PrefillChunk, StepBatch, StepTimeModel
 from simulator.config import EngineParams, SimConfig
 from simulator.run import SimResult, simulate
@@ -452,7 +453,9 @@ def batch_run(
             "batch": search.base.batch.model_copy(update=batch),
         }
     )
-    controller = BudgetController(cfg.slo, search.model, search.controller, cfg.engine.max_num_seqs)
+    controller = make_policy(
+        PolicyChoice("slo"), cfg.slo, search.model, search.controller, cfg.engine.max_num_seqs
+    )
     started = time.perf_counter()
     result = simulate(cfg, search.model, lambda _replica: controller, search.trace)
     verdicts = judged(result.window_verdicts(), skip)

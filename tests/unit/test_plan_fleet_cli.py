@@ -75,9 +75,11 @@ def test_plan_without_fleet_still_needs_a_model_and_a_gpu():
     assert result.exit_code == 2 and "--model and --gpu" in result.stderr
 
 
-def test_steps_are_priced_by_the_fit_beside_a_config_else_a_gpu_roofline():
+def test_steps_are_priced_by_the_configs_fit_else_a_gpu_roofline(tmp_path):
     long = load_engine_config(CONFIGS / "cpu-long.yaml")
-    assert (
-        step_model_path(long, CONFIGS / "cpu-long.yaml", None) == CONFIGS / "fits" / "cpu-long.json"
-    )
-    assert step_model_path(load_engine_config(PROFILE), PROFILE, None) is None
+    fit = step_model_path(long, CONFIGS / "cpu-long.yaml", None)
+    assert fit == CONFIGS / "fits" / "cpu-long.json"
+    profile = load_engine_config(PROFILE)
+    assert step_model_path(profile, PROFILE, None) == PROFILE.parent / profile.latency_fit
+    unfitted = profile.model_copy(update={"latency_fit": None})
+    assert step_model_path(unfitted, tmp_path / "gpu.yaml", None) is None  # the roofline prior
