@@ -131,7 +131,7 @@ def run_job(spec: JobSpec) -> JobResult:
     metrics.relay(lambda: ray.get(gate.metrics_text.remote(), timeout=RELAY_TIMEOUT_S))
     totals, problems = {"done": 0, "failed": 0, "stopped": 0, "tokens": 0}, []
     timers = [_stop_at_deadline(gate, spec.deadline_ts)]
-    itl = EngineItlRecorder(spec.replicas)
+    itl = EngineItlRecorder(spec.replicas, plugin_status=_status_targets(spec))
     try:
         with itl:
             if todo.num_rows:
@@ -214,6 +214,14 @@ def _init_ray():
     ctx.enable_progress_bars = False  # the run draws its own progress
     ctx.execution_options.preserve_order = False
     return ray
+
+
+def _status_targets(spec: JobSpec) -> dict:
+    """Where each replica's plug-in status is read: chat's own gaps judge the run's windows."""
+    from serving.replica_targets import control_targets
+
+    auth = spec.auth or ReplicaAuth()
+    return control_targets(spec.replicas, spec.engine_state_dir, auth.api_key, auth.headers)
 
 
 def _start_gate(spec: JobSpec, engine: EngineConfig, journal: Path):

@@ -1,12 +1,16 @@
 """Chat ITL as the engine measured it: per-second scrapes of each replica's ITL histogram.
 
+Where the replica runs the engine plug-in, the histogram is the plug-in's chat-only one (its status
+document's `chat_itl_seconds`): vLLM's own counts batch sequences' gaps too, so a window with
+little chat beside a long batch decode is judged by batch's gaps. Each replica keeps the source
+its first scrape found for the whole run (two sources' counters cannot be subtracted).
+
 Why not the client's token gaps: on a small shared host the API server process is starved while the
 engine computes, and the client then receives several steps' tokens in one burst, so streamed gaps
 mix engine step time with host scheduling noise (on this 2-core machine a chat-only p99 of ~180 ms
 over 8 ms steps). vLLM stamps each token in the engine core process, so the histogram it exports is
 the step cadence every decoding sequence sees, which is the quantity admission control acts on and
-the same one the Gate's `VllmMetricsSensor` reads. The histogram mixes chat and batch sequences;
-for ITL that is harmless (every sequence in a step waits the same step). TTFT stays client-side:
+the same one the Gate's `VllmMetricsSensor` reads. TTFT stays client-side:
 a batch prompt's TTFT is long by nature and would swamp chat's.
 
 `EngineItlSeries` is pure (snapshots in, window quantiles out); `EngineItlRecorder` is the thread
@@ -17,10 +21,12 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import httpx
 
+from serving.engine_control import ControlTarget, read_status
 from serving.metrics import (
     Histogram,
     histogram_delta,
@@ -28,6 +34,7 @@ from serving.metrics import (
     parse_metrics,
     select_families,
 )
+from serving.plugin_sensor import status_histogram
 from serving.sensors import ITL_HISTOGRAMS
 
 
@@ -124,9 +131,18 @@ class EngineItlRecorder:
     thread ends, with a final scrape, when the scenario does.
     """
 
-    def __init__(self, replicas: list[tuple[str, str]], interval_s: float = 1.0) -> None:
+    def __init__(
+        self,
+        replicas: list[tuple[str, str]],
+        interval_s: float = 1.0,
+        plugin_status: Mapping[str, ControlTarget] | None = None,
+    ) -> None:
         self.replicas = replicas
         self.interval_s = interval_s
+        self.plugin_status = dict(plugin_status or {})
+        """Where each replica's plug-in status document is read, for its chat-only gaps."""
+        self.sources: dict[str, str] = {}
+        """Per replica, `plugin` or `vllm`: what its first scrape found, kept for the run."""
         self.series = EngineItlSeries()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="engine-itl", daemon=True)
@@ -148,11 +164,25 @@ class EngineItlRecorder:
     def _scrape_all(self) -> None:
         with httpx.Client(timeout=2.0) as client:
             for name, url in self.replicas:
-                try:
-                    response = client.get(f"{url.rstrip('/')}/metrics")
-                    response.raise_for_status()
-                except httpx.HTTPError:
-                    continue
-                h = itl_histogram(response.text)
+                h = self._scrape(client, name, url)
                 if h is not None:
                     self.series.add(name, time.time(), h)
+
+    def _scrape(self, client: httpx.Client, name: str, url: str) -> Histogram | None:
+        source, target = self.sources.get(name), self.plugin_status.get(name)
+        if source in (None, "plugin") and target is not None:
+            doc = read_status(target)
+            if doc is not None and "chat_itl_seconds" in doc:
+                self.sources[name] = "plugin"
+                return status_histogram(doc, "chat_itl_seconds")
+            if source == "plugin":
+                return None
+        try:
+            response = client.get(f"{url.rstrip('/')}/metrics")
+            response.raise_for_status()
+        except httpx.HTTPError:
+            return None
+        h = itl_histogram(response.text)
+        if h is not None:
+            self.sources[name] = "vllm"
+        return h

@@ -76,3 +76,28 @@ def test_itl_histogram_reads_either_metric_name() -> None:
     h = itl_histogram(text)
     assert h is not None and h.count == 4 and h.cumulative == (3.0, 4.0)
     assert itl_histogram("# nothing here\n") is None
+
+
+def test_a_replica_with_the_plugin_is_judged_by_chats_own_gaps_for_the_whole_run(tmp_path):
+    import json
+
+    import httpx
+
+    from serving.engine_control import ControlTarget
+    from serving.engine_itl import EngineItlRecorder
+
+    status = {"chat_itl_seconds": {"bounds": [0.01, 0.05], "cumulative": [3, 7, 8],
+                                   "count": 8, "sum": 0.2}}  # fmt: skip
+    (tmp_path / "status.json").write_text(json.dumps(status))
+    recorder = EngineItlRecorder(
+        [("r0", "http://127.0.0.1:9")],
+        plugin_status={"r0": ControlTarget("r0", folder=tmp_path)},
+    )
+    with httpx.Client() as client:
+        h = recorder._scrape(client, "r0", "http://127.0.0.1:9")
+        assert recorder.sources == {"r0": "plugin"}
+        assert h.cumulative == (3, 7, 8) and h.bounds[-1] == float("inf")
+        (tmp_path / "status.json").unlink()
+        # No switch to vLLM's class-blind histogram mid-run: a missed scrape is skipped.
+        assert recorder._scrape(client, "r0", "http://127.0.0.1:9") is None
+        assert recorder.sources == {"r0": "plugin"}
