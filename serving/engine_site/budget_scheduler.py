@@ -63,8 +63,25 @@ except ImportError:  # pragma: no cover - only outside an engine venv
     _info, _warn = _logger.info, _logger.warning
 
 
+SCALE_MEMORY = 0.98
+"""Decay per step of the measured and predicted step seconds the model's scale is their ratio of
+(about the last 50 steps)."""
+SCALE_BOUNDS = (1.0, 3.0)
+"""The scale only ever tightens the budget: where steps run faster than the model says, the
+controller's feedback raises the target (it reads the ratio left); where slower, a fixed target
+is still kept, controller or not."""
+
+
 class _Plugin:
-    """The plug-in's state beside one scheduler: channel, status, this step's budget."""
+    """The plug-in's state beside one scheduler: channel, status, this step's budget.
+
+    `scale` is this engine's measured over predicted step time, time-weighted over its recent
+    steps: the control document's latency model priced with this host's speed now (a fit from a
+    busier or quieter host, or another CPU of the same kind). Batch chunks are sized so that the
+    *scaled* prediction fits the target, and the status reports scaled predictions, so a target of
+    T ms means steps of T ms here, and the measured/predicted ratio a controller reads is what is
+    left after this correction.
+    """
 
     def __init__(self, sched) -> None:
         folder = os.environ.get(CONTROL_DIR_ENV)
@@ -76,6 +93,7 @@ class _Plugin:
         self.pending: deque[tuple[float, StepRecord]] = deque()
         self.last_update = 0.0
         self.step_started = 0.0
+        self.measured_sum = self.predicted_sum = 0.0
         self.last_token: dict[str, float] = {}
         log = os.environ.get(STEP_LOG_ENV)
         self.step_log = StepLog(log) if log else None
@@ -123,8 +141,14 @@ class _Plugin:
             target_s = target.step_target_s(chat)
         else:
             target_s = d.target_s
-        self.budget = StepBudget(d.model, target_s, room, fixed, sched.block_size,
+        self.budget = StepBudget(d.model, target_s / self.scale(), room, fixed, sched.block_size,
                                  d.min_chunk_tokens)  # fmt: skip
+
+    def scale(self) -> float:
+        if self.predicted_sum <= 0:
+            return 1.0
+        lo, hi = SCALE_BOUNDS
+        return min(hi, max(lo, self.measured_sum / self.predicted_sum))
 
     def cap(self, request, num_computed_tokens: int, num_new_tokens: int) -> int:
         """The chunk vLLM may schedule for `request`: its own for chat and decodes, the grant
@@ -153,7 +177,8 @@ class _Plugin:
                 rec.chat_prefill += 0 if batch else n
         rec.step = StepBatch(tuple(chunks), decodes, context)
         if self.directive is not None:
-            rec.predicted_s = self.directive.model.step_seconds(rec.step)
+            rec.model_s = self.directive.model.step_seconds(rec.step)
+            rec.predicted_s = rec.model_s * self.scale()
         self.pending.append((self.step_started, rec))
 
     def log_step(self, step: StepBatch, seconds: float) -> None:
@@ -179,6 +204,9 @@ class _Plugin:
             # overlap (the asynchronous scheduler plans step n+1 while step n runs).
             seconds = now - max(started, self.last_update)
             self.status.step(rec, seconds)
+            if rec.model_s:
+                self.measured_sum = SCALE_MEMORY * self.measured_sum + seconds
+                self.predicted_sum = SCALE_MEMORY * self.predicted_sum + rec.model_s
             if self.step_log is not None and rec.step is not None and _has_work(rec.step):
                 self.log_step(rec.step, seconds)
         self.last_update = now

@@ -89,6 +89,9 @@ class StepRecord:
     chat_prefill: int = 0
     chat_decode: int = 0
     predicted_s: float | None = None
+    """The model's prediction times the plug-in's current scale (what the budget sized to)."""
+    model_s: float | None = None
+    """The control document's model alone, before the scale."""
     scheduled_at: float = 0.0
     """Wall time the step was scheduled."""
     step: object | None = None
