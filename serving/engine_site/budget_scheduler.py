@@ -135,12 +135,12 @@ class _Plugin:
             return
         fixed, reserved = chat_reservation(sched)
         room = 0 if not d.sizing else sched.max_num_scheduled_tokens - reserved
+        # Whether chat is in the engine matters only with an idle target; skip the scan without.
+        chat = d.idle_target_s is None or step_budget.any_chat(
+            map(_in_engine, [*sched.running, *sched.waiting])
+        )
         target = BatchStepTarget(d.target_s, d.model, idle_target_s=d.idle_target_s)
-        if d.idle_target_s is not None:
-            chat = step_budget.any_chat(map(_in_engine, [*sched.running, *sched.waiting]))
-            target_s = target.step_target_s(chat)
-        else:
-            target_s = d.target_s
+        target_s = target.step_target_s(chat)
         self.budget = StepBudget(d.model, target_s / self.scale(), room, fixed, sched.block_size,
                                  d.min_chunk_tokens)  # fmt: skip
 

@@ -28,6 +28,16 @@ def descendants(pid: int) -> set[int]:
     return found
 
 
+def group_members(pgid: int) -> set[int]:
+    """Every live process of process group `pgid`."""
+    members = set()
+    for d in Path("/proc").glob("[0-9]*"):
+        fields = _stat(int(d.name))
+        if fields is not None and int(fields[2]) == pgid and fields[0] != "Z":
+            members.add(int(d.name))
+    return members
+
+
 def alive(pids: set[int]) -> set[int]:
     """Those of `pids` still running (a zombie has exited and holds nothing but its entry)."""
     return {p for p in pids if (f := _stat(p)) is not None and f[0] != "Z"}

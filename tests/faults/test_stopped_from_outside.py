@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from serving.launcher import port_in_use
-from tests.faults.processes import command, descendants, wait_gone
+from tests.faults.processes import command, descendants, group_members, wait_gone
 from tests.integration.conftest import TINY, free_port_block
 
 pytestmark = pytest.mark.engine
@@ -30,18 +30,6 @@ with ReplicaSet(sys.argv[2]).running(config, sys.argv[1], int(sys.argv[3])):
     print("serving", flush=True)
     time.sleep(3600)
 """
-
-
-def group_members(pgid: int) -> set[int]:
-    out = set()
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(fields[2]) == pgid and fields[0] != "Z":
-            out.add(int(stat.parent.name))
-    return out
 
 
 def engine_core_forked(owner: int) -> bool:

@@ -12,6 +12,7 @@ import httpx
 import pytest
 import yaml
 
+from tests.faults.processes import group_members
 from tests.integration.conftest import TINY, free_port_block
 
 NIGHTSHIFT = [sys.executable, "-m", "flows.cli"]
@@ -25,18 +26,6 @@ def run(*args: str, env: dict | None = None, timeout: float = 400) -> subprocess
         timeout=timeout,
         env={**os.environ, **(env or {})},
     )
-
-
-def group_members(pgid: int) -> list[int]:
-    found = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(fields[2]) == pgid and fields[0] != "Z":
-            found.append(int(stat.parent.name))
-    return found
 
 
 @pytest.mark.engine
@@ -62,7 +51,7 @@ def test_two_replicas_up_status_down_leaves_nothing(tmp_path: Path) -> None:
     down = run("engine", "down", "--state-dir", state)
     assert down.returncode == 0 and "stopped 2" in down.stdout
     time.sleep(0.5)
-    assert all(group_members(r["pid"]) == [] for r in replicas)
+    assert all(group_members(r["pid"]) == set() for r in replicas)
     assert "no replicas recorded" in run("engine", "status", "--state-dir", state).stdout
 
 
