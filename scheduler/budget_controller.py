@@ -9,12 +9,14 @@ controller closes the loop around it, one `decide(observation)` per replica ever
    batch: the controller never steers blind (the plug-in also pauses itself when its control
    document expires, for a controller that died).
 2. **Feedback on chat's pressure**, the worst of window p99 ITL, TTFT and (when set) E2E over their
-   SLOs. Above 1 the step target is cut by `cut_factor`; below `slack_fraction` it grows by
-   `growth_fraction` of the ITL SLO; in between it holds (hysteresis). Invariant: a decision is
+   SLOs. Above 1 the step target is cut by `cut_factor`; below `slack_fraction` it grows toward
+   the slack mark (`_grown`); in between it holds (hysteresis). Invariant: a decision is
    judged only by windows that began after it. A window reaching back before the last change
-   mixes the old target in, so then the controller never grows, and after a cut it cuts again
-   only if the pressure is worse than what caused that cut (after a growth, any violation cuts).
-   Growth is therefore at most one step per window, and a violation is answered at once.
+   mixes the old target in, so then the controller neither grows nor cuts again; the one
+   exception is a violation right after a growth, which the growth may have caused and which is
+   cut at once. Growth and cuts are therefore at most one per window (a burst of chat alone,
+   which batch did not cause, cannot drive the target to zero one interval at a time), and a
+   violation that follows a growth is answered at the next decision.
 3. **Model correction.** The target is kept in real step seconds; the plug-in prices chunks with the
    latency model, so the number sent is the real target divided by the measured/predicted step
    ratio the plug-in reports (smoothed): a model that is 30% optimistic still gets steps of the
@@ -69,12 +71,6 @@ class BudgetControllerConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     cut_factor: float = Field(0.7, gt=0, lt=1, description="Step target kept on a violation.")
-    growth_fraction: float = Field(
-        0.05,
-        gt=0,
-        le=1,
-        description="Step target added per slack window, as a share of the ITL SLO.",
-    )
     slack_fraction: float = Field(
         0.8, gt=0, lt=1, description="Chat pressure below this is slack, and the target grows."
     )
@@ -94,9 +90,9 @@ class _Replica:
 
     target_s: float
     changed_t: float
-    cut_pressure: float = 1.0
-    """Pressure that caused the last cut; 1 after a growth or a cold start, which any violation
-    answers at once."""
+    grew_last: bool = True
+    """Whether the last change was a growth (a cold start counts as one): a violation then cuts
+    without waiting for a window that began after the change."""
     ratio: float = 1.0
     last_fresh_t: float = -math.inf
 
@@ -170,18 +166,28 @@ class BudgetController:
         after_change = obs.window_s is None or obs.t - obs.window_s >= state.changed_t
         if pressure is None:
             pressure = 0.0  # no chat in the window: nothing to protect, room to grow
-        if pressure > 1.0 and (after_change or pressure > state.cut_pressure):
+        if pressure > 1.0 and (after_change or state.grew_last):
             state.target_s *= self.config.cut_factor
-            state.changed_t, state.cut_pressure = obs.t, pressure
+            state.changed_t, state.grew_last = obs.t, False
             return "cut"
         if pressure < self.config.slack_fraction and after_change:
-            ceiling = self.slo.chat_itl_p99_ms / 1000
-            grown = state.target_s + self.config.growth_fraction * ceiling
-            if grown <= ceiling:
-                state.target_s, state.changed_t = grown, obs.t
-                state.cut_pressure = 1.0
+            grown = self._grown(state.target_s, pressure)
+            if grown > state.target_s:
+                state.target_s, state.changed_t, state.grew_last = grown, obs.t, True
                 return "grow"
         return "hold"
+
+    def _grown(self, target_s: float, pressure: float) -> float:
+        """The step target after a slack window: raised by the window's headroom below the slack
+        mark, in ITL-SLO seconds, never past the ITL SLO.
+
+        Why the headroom itself: a chat token gap is at most one step long, so raising the step
+        target by D raises chat's ITL p99 by at most D, and one growth brings ITL to the slack
+        mark and not past it, however far below it the window was (a long document deep in its
+        prefill, a cold start). TTFT spans several steps and can grow by more; its own pressure
+        then cuts."""
+        ceiling = self.slo.chat_itl_p99_ms / 1000
+        return min(ceiling, target_s + (self.config.slack_fraction - pressure) * ceiling)
 
     def _idle_target_ms(self, state: _Replica) -> float | None:
         """The step target while no chat is in the engine: `IDLE_TTFT_SHARE` of the TTFT SLO,

@@ -19,6 +19,8 @@ from simulator.entities import Request
 class Interval:
     """Samples of one control interval."""
 
+    t_start: float = 0.0
+    """When the interval began (the simulation starts at 0)."""
     chat_gaps: list[float] = field(default_factory=list)
     chat_ttfts: list[float] = field(default_factory=list)
     steps: list[float] = field(default_factory=list)
@@ -43,7 +45,7 @@ class ReplicaSensor:
     ) -> Observation:
         """The observation at `t`; starts a fresh interval afterwards."""
         self.window.append(self.current)
-        self.current = Interval()
+        self.current = Interval(t_start=t)
         gaps = [g for iv in self.window for g in iv.chat_gaps]
         ttfts = [x for iv in self.window for x in iv.chat_ttfts]
         chat_decoding = [r for r in running if r.cls == "chat" and r.output_tokens > 0]
@@ -64,6 +66,7 @@ class ReplicaSensor:
                 BatchInFlight(r.prompt_tokens, min(r.num_computed, r.prompt_tokens)) for r in batch
             ),
             step_samples_s=tuple(s for iv in self.window for s in iv.steps),
+            window_s=t - self.window[0].t_start,
         )
 
 
