@@ -20,7 +20,10 @@ WORDS = "harbour ledger tenant clause river notice market repair rent contract".
 
 def corpus(path: Path, docs: list[str], words: int = 400) -> Path:
     rows = [
-        {"doc_id": d, "text": " ".join(f"{WORDS[(i + j) % 10]}{j % 17}" for j in range(words))}
+        {
+            "doc_id": d,
+            "text": " ".join(f"{WORDS[(i + j) % 10]}{(j + i // 10) % 17}" for j in range(words)),
+        }
         for i, d in enumerate(docs)
     ]
     pq.write_table(pa.Table.from_pylist(rows), path)
