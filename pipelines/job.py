@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -289,13 +290,28 @@ def _gate_alive(ray, gate) -> bool:
 
 
 def _gate_lost_message(run_id: str, finished: int, exc: BaseException) -> str:
-    cause = (str(exc).strip().splitlines() or [""])[0][:200]
+    """What a user reads when the Gate died: the innermost error (a worker's call to the dead
+    Gate arrives wrapped in Ray Data's task errors), what was kept, and how to resume."""
+    root = _innermost(exc)
+    first = (re.sub(r"\x1b\[[0-9;]*m", "", str(root)).strip().splitlines() or [""])[0][:200]
     return (
-        f"run {run_id}: the run's Gate actor died mid-night ({type(exc).__name__}: {cause}); "
+        f"run {run_id}: the run's Gate actor died mid-night ({type(root).__name__}: {first}); "
         f"the {finished} documents finished so far are kept and the requests it had granted are "
         f"recorded as killed; rerun with --run-id {run_id} to finish the rest (the nightly flow "
         "retries the pipeline once by itself)"
     )
+
+
+def _innermost(exc: BaseException) -> BaseException:
+    """Follow `cause` (Ray's task errors) and `__cause__` to the error that started it all."""
+    seen: set[int] = set()
+    while id(exc) not in seen:
+        seen.add(id(exc))
+        inner = getattr(exc, "cause", None) or exc.__cause__
+        if not isinstance(inner, BaseException):
+            break
+        exc = inner
+    return exc
 
 
 def _tokenize_and_judge(ray, corpus: pa.Table, spec: JobSpec):
