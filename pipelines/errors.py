@@ -4,3 +4,9 @@
 class RunStopped(RuntimeError):
     """The run was told to stop (a deadline, Ctrl-C): grant nothing more. Documents not finished
     are left for a rerun, not recorded as failed."""
+
+
+class GateLost(RuntimeError):
+    """The run's Gate actor died mid-attempt (its process killed, its node lost). The attempt ends:
+    what finished is kept, the requests the Gate had granted are recorded as killed, and the
+    same run id resumes the rest (the flow retries the pipeline once by itself)."""

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -20,7 +21,9 @@ import pyarrow.compute as pc
 
 from pipelines.config import PipelineConfig
 from pipelines.corpus import classify, read_corpus
+from pipelines.errors import GateLost
 from pipelines.progress import RunProgress
+from pipelines.request_journal import GATE_DIED_IN_FLIGHT, KILLED_IN_FLIGHT
 from pipelines.run_metrics import RunMetrics
 from pipelines.run_store import RunStore
 from scheduler.budget_controller import BudgetControllerConfig
@@ -132,6 +135,7 @@ def run_job(spec: JobSpec) -> JobResult:
     totals, problems = {"done": 0, "failed": 0, "stopped": 0, "tokens": 0}, []
     timers = [_stop_at_deadline(gate, spec.deadline_ts)]
     itl = EngineItlRecorder(spec.replicas, plugin_status=_status_targets(spec))
+    gate_lost = False
     try:
         with itl:
             if todo.num_rows:
@@ -144,13 +148,21 @@ def run_job(spec: JobSpec) -> JobResult:
                 totals = _summarize(ray, tokenized, spec, engine, store, gate, metrics)
         store.write_decisions(ray.get(gate.decision_rows.remote()))
         store.write_engine_steps(ray.get(gate.engine_step_rows.remote()))
+    except Exception as exc:
+        if _gate_alive(ray, gate):
+            raise
+        gate_lost = True
+        message = _gate_lost_message(spec.run_id, len(store.finished_doc_ids()), exc)
+        log.error("%s", message)
+        raise GateLost(message) from exc
     finally:
         for timer in timers:
             if timer is not None:
                 timer.cancel()
         metrics.relay(None)
         _stop_gate(ray, gate)
-        store.recover_journal()  # what this attempt cancelled in flight
+        # What this attempt cancelled in flight, or what the Gate had granted when it died.
+        store.recover_journal(GATE_DIED_IN_FLIGHT if gate_lost else KILLED_IN_FLIGHT)
         store.write_engine_itl(itl.series.rows(spec.run_id))
     store.finish(meta)
     return JobResult(
@@ -258,8 +270,48 @@ def _start_gate(spec: JobSpec, engine: EngineConfig, journal: Path):
 def _stop_gate(ray, gate) -> None:
     try:
         ray.get(gate.close.remote(), timeout=10)
+    except ray.exceptions.RayActorError:
+        pass  # dead already (see `_gate_alive`): nothing of it left to close
     finally:
         ray.kill(gate)
+
+
+def _gate_alive(ray, gate) -> bool:
+    """False only when Ray says the Gate actor is dead; a Gate slow to answer is alive. Without
+    its Gate an attempt cannot go on: nothing grants seats, and the control documents it renewed
+    expire, so the engine plug-ins pause batch prefill."""
+    try:
+        ray.get(gate.stats.remote(), timeout=10)
+    except ray.exceptions.RayActorError:
+        return False
+    except ray.exceptions.GetTimeoutError:
+        return True
+    return True
+
+
+def _gate_lost_message(run_id: str, finished: int, exc: BaseException) -> str:
+    """What a user reads when the Gate died: the innermost error (a worker's call to the dead
+    Gate arrives wrapped in Ray Data's task errors), what was kept, and how to resume."""
+    root = _innermost(exc)
+    first = (re.sub(r"\x1b\[[0-9;]*m", "", str(root)).strip().splitlines() or [""])[0][:200]
+    return (
+        f"run {run_id}: the run's Gate actor died mid-night ({type(root).__name__}: {first}); "
+        f"the {finished} documents finished so far are kept and the requests it had granted are "
+        f"recorded as killed; rerun with --run-id {run_id} to finish the rest (the nightly flow "
+        "retries the pipeline once by itself)"
+    )
+
+
+def _innermost(exc: BaseException) -> BaseException:
+    """Follow `cause` (Ray's task errors) and `__cause__` to the error that started it all."""
+    seen: set[int] = set()
+    while id(exc) not in seen:
+        seen.add(id(exc))
+        inner = getattr(exc, "cause", None) or exc.__cause__
+        if not isinstance(inner, BaseException):
+            break
+        exc = inner
+    return exc
 
 
 def _tokenize_and_judge(ray, corpus: pa.Table, spec: JobSpec):

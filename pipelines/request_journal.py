@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import IO
 
 KILLED_IN_FLIGHT = "killed: in flight when the run's process died"
+GATE_DIED_IN_FLIGHT = "killed: in flight when the run's Gate died"
 CANCELLED_IN_FLIGHT = "cancelled: in flight when the run was stopped"
 KILLED_UNFINISHED = (
     "killed: the run stopped before document {doc_id} finished (request ended {status})"
@@ -77,14 +78,19 @@ def read_events(path: Path) -> list[dict]:
 
 
 def unrecorded_requests(
-    run_id: str, events: Iterable[dict], recorded: set[str], finished_docs: set[str]
+    run_id: str,
+    events: Iterable[dict],
+    recorded: set[str],
+    finished_docs: set[str],
+    killed: str = KILLED_IN_FLIGHT,
 ) -> list[dict]:
     """Request rows for what the journal saw and the requests table lacks.
 
     `recorded` holds the request ids already in the table; `finished_docs` the documents with an
     outcome. A permit released with its record becomes that record; one granted and never
     released (or released without a record, as an abort does) becomes a cancelled row from what
-    the grant knew. Pure: the caller reads the journal and writes the rows."""
+    the grant knew, its error `killed` for one never released (what ended the attempt, when the
+    caller knows it). Pure: the caller reads the journal and writes the rows."""
     granted: dict[str, dict] = {}
     released: dict[str, dict | None] = {}
     for e in events:
@@ -120,7 +126,7 @@ def unrecorded_requests(
                 "output_tokens": 0,
                 "t_submit": grant["t"],
                 "status": "cancelled",
-                "error": CANCELLED_IN_FLIGHT if permit_id in released else KILLED_IN_FLIGHT,
+                "error": CANCELLED_IN_FLIGHT if permit_id in released else killed,
             }
         )
     return rows

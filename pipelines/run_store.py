@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from pipelines.request_journal import read_events, unrecorded_requests
+from pipelines.request_journal import KILLED_IN_FLIGHT, read_events, unrecorded_requests
 from warehouse.run_files import (
     RunFilesError,
     RunMeta,
@@ -68,10 +68,11 @@ class RunStore:
         """The request journal file of the attempt starting now (the Gate writes it)."""
         return self.dir / "journal" / f"{time.time_ns()}.jsonl"
 
-    def recover_journal(self) -> list[dict]:
+    def recover_journal(self, killed: str = KILLED_IN_FLIGHT) -> list[dict]:
         """Write the request rows the journal holds and the requests table lacks, then remove the
         journal: called when an attempt starts (an earlier one may have been killed) and when it
-        ends. Returns the rows written."""
+        ends. `killed` is the error of requests granted and never released. Returns the rows
+        written."""
         folder = self.dir / "journal"
         files = sorted(folder.glob("*.jsonl")) if folder.is_dir() else []
         if not files:
@@ -81,7 +82,7 @@ class RunStore:
         documents = read_table(self.dir, "documents", run_id=self.run_id)
         finished = set(documents.column("doc_id").to_pylist())
         events = [e for f in files for e in read_events(f)]
-        rows = unrecorded_requests(self.run_id, events, recorded, finished)
+        rows = unrecorded_requests(self.run_id, events, recorded, finished, killed)
         if rows:
             self._part("requests", rows)
         for f in files:

@@ -82,7 +82,19 @@ def parse(text: str | bytes) -> ControlDocument:
         raw = json.loads(text)
     except (ValueError, UnicodeDecodeError) as exc:
         raise ControlDocumentError(f"not JSON: {exc}") from None
+    except RecursionError:  # `[[[[...` within MAX_BYTES: the decoder's stack, not a ValueError
+        raise ControlDocumentError("not JSON: nested too deep for a control document") from None
     return from_dict(raw)
+
+
+def check_not_expired(doc: ControlDocument, now: float) -> None:
+    """Raise ControlDocumentError for a document whose `expires_at` has passed by `now` (the
+    receiver's clock): an old document replayed, or a sender whose clock is behind."""
+    if doc.expired(now):
+        raise ControlDocumentError(
+            f"expired on arrival: expires_at {doc.expires_at:.3f} is {now - doc.expires_at:.1f} s "
+            "before this host's clock; check the sender's clock, or send a fresh document"
+        )
 
 
 def from_dict(raw: object) -> ControlDocument:

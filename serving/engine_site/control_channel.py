@@ -9,21 +9,28 @@ What the plug-in does follows from what the channel has seen, never from guesses
 - a valid document before its `expires_at`: apply it;
 - past `expires_at`, or the file gone or unreadable after a valid one: pause batch prefill, since
   a controller was in charge and went silent;
-- an invalid or stale document (bad JSON, unknown key, wrong type, `seq` not above the last): it
-  is rejected with its reason (counted, logged once per distinct reason) and the previous valid
-  document stays in force until it expires.
+- an invalid or stale document (bad JSON, unknown key, wrong type, `seq` not above the last,
+  over `MAX_BYTES`, not a regular file, already past its `expires_at`): it is rejected with its
+  reason (counted, logged once per distinct reason) and the previous valid document stays in force
+  until it expires. An expired document is still taken when none was ever applied, so that a
+  controller whose documents all arrive late (its clock behind this host's) pauses batch prefill
+  rather than leaving stock scheduling on.
+
+The file is read at most `MAX_BYTES + 1` bytes at a time and only when it is a regular file, opened
+without blocking: whatever is put in the folder (a huge file, a FIFO), the step goes on.
 """
 
 from __future__ import annotations
 
 import os
+import stat
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from scheduler import control_document
-from scheduler.control_document import ControlDocument, ControlDocumentError
+from scheduler.control_document import MAX_BYTES, ControlDocument, ControlDocumentError
 from scheduler.latency_model import LatencyModel
 
 DEFAULT_POLL_S = 0.025
@@ -105,8 +112,14 @@ class ControlChannel:
         if key == self._seen:
             return
         self._seen = key
+        if not stat.S_ISREG(st.st_mode):
+            self._reject(f"not a regular file: {self.path} (write documents atomically)")
+            return
+        if st.st_size > MAX_BYTES:
+            self._reject(f"document is {st.st_size} bytes, more than {MAX_BYTES}")
+            return
         try:
-            text = self.path.read_bytes()
+            text = _read_at_most(self.path, MAX_BYTES + 1)
         except OSError as exc:
             self._lose(f"control document unreadable: {exc}")
             return
@@ -121,6 +134,13 @@ class ControlChannel:
         if self._doc is not None and doc.seq <= self._doc.seq:
             if doc.seq < self._doc.seq or doc != self._doc:
                 self._reject(f"stale seq {doc.seq}: last applied is {self._doc.seq}")
+            return
+        try:
+            control_document.check_not_expired(doc, self._wall())
+        except ControlDocumentError as exc:
+            self._reject(str(exc))
+            if self._doc is None:  # a controller is trying to take charge: pause, not stock
+                self._doc = doc
             return
         if self._lost or self._doc is None:
             self._log(f"control document seq {doc.seq} applied: target "
@@ -140,3 +160,16 @@ class ControlChannel:
         if kind not in self._reasons_logged:
             self._reasons_logged.add(kind)
             self._log(f"control document rejected ({reason}); previous one kept")
+
+
+def _read_at_most(path: Path, limit: int) -> bytes:
+    """Up to `limit` bytes of `path`, opened without blocking (a FIFO put there reads empty)."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        chunks, left = [], limit
+        while left > 0 and (chunk := os.read(fd, left)):
+            chunks.append(chunk)
+            left -= len(chunk)
+        return b"".join(chunks)
+    finally:
+        os.close(fd)

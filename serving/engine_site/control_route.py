@@ -4,8 +4,9 @@ Loaded by the API server with vLLM's `--middleware serving.engine_site.control_r
 (the launcher adds it whenever the config selects the plug-in). Two routes:
 
 - `POST /nightshift/control` takes a control document, checks it with the same parser the plug-in
-  uses (422 naming the field when it is wrong), and writes it atomically into the replica's control
-  folder, where the engine-core process picks it up within its poll interval;
+  uses (422 naming the field when it is wrong, or when it has expired by this replica's clock; 413
+  for a body over `MAX_BYTES`, which is never read further), and writes it atomically into the
+  replica's control folder, where the engine-core process picks it up within its poll interval;
 - `GET /nightshift/status` returns the plug-in's latest status document.
 
 Both require the replica's API key when one is set (`--api-key` or `VLLM_API_KEY`, as vLLM's own
@@ -20,6 +21,7 @@ import hmac
 import json
 import os
 import sys
+import time
 from pathlib import Path
 
 from fastapi import Request
@@ -69,6 +71,9 @@ async def control_route(request: Request, call_next):
     if path not in (CONTROL_PATH, STATUS_PATH):
         return await call_next(request)
     if not _authorized(request):
+        client = request.client.host if request.client else "?"
+        print(f"nightshift: {request.method} {path} from {client} refused: missing or wrong API "
+              "key", file=sys.stderr)  # fmt: skip
         return JSONResponse({"error": "missing or wrong API key"}, status_code=401)
     folder = _folder()
     if folder is None:
@@ -84,13 +89,30 @@ async def control_route(request: Request, call_next):
 
 
 async def _take_control(request: Request, folder: Path) -> Response:
-    body = await request.body()
-    if len(body) > MAX_BYTES:
+    body = await _body_at_most(request, MAX_BYTES)
+    if body is None:
+        print(f"nightshift: control document over HTTP rejected: body over {MAX_BYTES} bytes",
+              file=sys.stderr)  # fmt: skip
         return JSONResponse({"error": f"body over {MAX_BYTES} bytes"}, status_code=413)
     try:
         doc = control_document.parse(body)
+        control_document.check_not_expired(doc, time.time())
     except ControlDocumentError as exc:
         print(f"nightshift: control document over HTTP rejected: {exc}", file=sys.stderr)
         return JSONResponse({"error": str(exc)}, status_code=422)
     write_atomically(folder / CONTROL_FILE, doc.to_json())
     return JSONResponse({"accepted": json.loads(doc.to_json())["seq"]})
+
+
+async def _body_at_most(request: Request, limit: int) -> bytes | None:
+    """The request's body, or None once it is over `limit` bytes: a declared length over it is
+    refused unread, and a body streamed without one is read no further than `limit`."""
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit:
+        return None
+    body = bytearray()
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > limit:
+            return None
+    return bytes(body)

@@ -62,6 +62,8 @@ def test_missing_key_garbage_and_huge_documents_are_rejected():
         control_document.parse(b"\xff\xfe")
     with pytest.raises(ControlDocumentError, match="bytes, more than"):
         control_document.parse(" " * (control_document.MAX_BYTES + 1))
+    with pytest.raises(ControlDocumentError, match="nested too deep"):
+        control_document.parse("[" * 10_000)  # fits MAX_BYTES; the decoder ran out of stack
 
 
 class Clock:
@@ -123,3 +125,37 @@ def test_channel_reads_the_file_at_most_once_per_poll_interval(tmp_path):
     assert ch.directive().seq == 5
     clock.tick(0.02)
     assert ch.directive().seq == 9
+
+
+def test_channel_rejects_expired_huge_and_unreadable_kinds_and_keeps_the_last(tmp_path):
+    clock, logs = Clock(), []
+    ch = channel(tmp_path, clock, logs)
+    path = tmp_path / "control.json"
+    write(path, doc(seq=5, expires_at=clock.wall + 600))
+    clock.tick(0.03)
+    assert ch.directive().state == "active"
+    for seq, (content, reason) in enumerate(
+        [
+            (doc(seq=6, expires_at=clock.wall - 30), "expired on arrival"),
+            ("[" * 10_000, "not JSON: nested too deep"),
+            (" " * 10_000_000, "document is 10000000 bytes"),
+        ],
+        start=1,
+    ):
+        write(path, content)
+        clock.tick(0.03)
+        d = ch.directive()
+        assert (d.state, d.seq, ch.rejected) == ("active", 5, seq)
+        assert reason in ch.last_rejection
+    path.unlink()
+    os.mkfifo(path)  # open() of a FIFO would wait for a writer forever
+    clock.tick(0.03)
+    assert ch.directive().seq == 5 and "not a regular file" in ch.last_rejection
+
+
+def test_an_expired_first_document_pauses_batch_instead_of_leaving_stock_scheduling(tmp_path):
+    clock, logs = Clock(), []
+    ch = channel(tmp_path, clock, logs)
+    write(tmp_path / "control.json", doc(seq=5, expires_at=clock.wall - 1))
+    clock.tick(0.03)
+    assert ch.directive().state == "expired" and ch.rejected == 1

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from pipelines.request_journal import (
+    GATE_DIED_IN_FLIGHT,
     KILLED_IN_FLIGHT,
     RequestJournal,
     read_events,
@@ -73,3 +74,12 @@ def test_store_records_the_journal_once_and_removes_it(tmp_path: Path) -> None:
     assert not list((store.dir / "journal").glob("*.jsonl"))
     assert store.recover_journal() == []
     assert read_table(store.dir, "requests").num_rows == 3
+
+
+def test_what_ended_the_attempt_names_the_requests_never_released(tmp_path: Path) -> None:
+    store = RunStore(tmp_path, "r")
+    store.begin(RunMeta(run_id="r", corpus_fingerprint="f"))
+    _journal(store.new_journal())
+    rows = {r["request_id"]: r for r in store.recover_journal(GATE_DIED_IN_FLIGHT)}
+    assert rows["p3"]["error"] == GATE_DIED_IN_FLIGHT and rows["p3"]["status"] == "cancelled"
+    assert rows["q2"]["error"].startswith("killed: the run stopped before document half-doc")

@@ -1,0 +1,136 @@
+"""The metrics source gone mid-night: `nightshift run --policy slo --prometheus-url` on the keyed
+cpu-tiny replica, and the real Prometheus it reads stopped (SIGSTOP: it takes connections and
+answers nothing) for longer than the controller's `stale_after_s`, while chat streams beside the
+night. Within one decision interval and one sensor timeout the Gate decides `stale` and pauses
+batch, the plug-in takes the pause and prefills no batch token until Prometheus answers again,
+chat is served throughout, batch resumes (a cold start) once it answers, and no document fails."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from scheduler.budget_controller import BudgetControllerConfig
+from serving.engine_site.control_files import STATUS_FILE
+from tests.faults.one_replica.conftest import KEY
+from tests.faults.one_replica.night import corpus, start_run, summaries_so_far
+from tests.faults.processes import descendants
+from tests.integration.prometheus_server import prometheus_server
+from warehouse.run_files import read_table
+
+pytestmark = [pytest.mark.engine, pytest.mark.prometheus]
+
+DOCS = [f"doc-{i:02d}" for i in range(48)]
+"""Enough for the night to outlast the outage: the controller opens 8 seats at its cold start."""
+INTERVAL_S = 2.0
+"""The Gate's decision interval (`JobSpec.interval_s`, the run's default)."""
+SENSOR_TIMEOUT_S = 2.0
+"""How long the Gate waits for an observation before it counts the sensor as failed."""
+OUTAGE_S = BudgetControllerConfig().stale_after_s + 5
+"""Past `stale_after_s`, so that the answer after it is a cold start, not a resumed target."""
+
+
+def listens_at(pid: int, url: str) -> bool:
+    """Whether process `pid` was started to listen at `url` (Prometheus's `--web.listen-address`)."""
+    try:
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return False
+    return f"--web.listen-address={url.split('://')[1]}".encode() in argv
+
+
+def plugin_status(replica) -> dict:
+    return json.loads((replica.control_dir / STATUS_FILE).read_text())
+
+
+class Chat(threading.Thread):
+    """One chat user sending a short chat after another until stopped; (start, end, status)."""
+
+    def __init__(self, replica) -> None:
+        super().__init__(daemon=True)
+        self.replica, self.done, self.stop = replica, [], threading.Event()
+
+    def run(self) -> None:
+        with httpx.Client(headers={"Authorization": f"Bearer {KEY}"}, timeout=60) as http:
+            while not self.stop.is_set():
+                t0 = time.time()
+                r = http.post(
+                    f"{self.replica.base_url}/v1/completions",
+                    json={"model": self.replica.served_model, "prompt": "a chat", "max_tokens": 24,
+                          "ignore_eos": True},
+                )  # fmt: skip
+                self.done.append((t0, time.time(), r.status_code))
+                time.sleep(0.2)
+
+
+def test_batch_pauses_while_metrics_are_gone_chat_goes_on_and_batch_resumes(
+    replica, tmp_path: Path
+) -> None:
+    corpus(tmp_path / "c.parquet", DOCS)
+    run_dir = tmp_path / "results" / "runs" / "metrics-gone"
+    jobs = {"vllm": [f"{replica.host}:{replica.port}"]}
+    with prometheus_server(tmp_path / "prometheus", jobs) as prom_url:
+        (prometheus,) = (p for p in descendants(os.getpid()) if listens_at(p, prom_url))
+        chat = Chat(replica)
+        chat.start()
+        run = start_run(tmp_path, replica, "metrics-gone", "--policy", "slo",
+                        "--prometheus-url", prom_url)  # fmt: skip
+        try:
+            deadline = time.monotonic() + 300
+            while time.monotonic() < deadline and not summaries_so_far(run_dir):
+                assert run.poll() is None, run.stdout.read()[-3000:]
+                time.sleep(0.2)
+            os.kill(prometheus, signal.SIGSTOP)
+            stopped_at = time.time()
+            time.sleep(INTERVAL_S + SENSOR_TIMEOUT_S + 2)
+            held = plugin_status(replica)
+            time.sleep(OUTAGE_S - (time.time() - stopped_at))
+            before_resume = plugin_status(replica)
+        finally:
+            os.kill(prometheus, signal.SIGCONT)
+        resumed_at = time.time()
+        out, _ = run.communicate(timeout=400)
+        chat.stop.set()
+        chat.join(timeout=60)
+    end = plugin_status(replica)
+
+    assert run.returncode == 0, out[-4000:]
+    documents = read_table(run_dir, "documents").to_pylist()
+    assert sorted(d["doc_id"] for d in documents if d["status"] == "done") == DOCS, documents
+    assert sorted(read_table(run_dir, "summaries").column("doc_id").to_pylist()) == DOCS
+
+    decisions = sorted(read_table(run_dir, "decisions").to_pylist(), key=lambda d: d["t"])
+    during = [d for d in decisions if stopped_at < d["t"] <= resumed_at]
+    first_stale = next(d for d in during if d["reason"] == "stale")
+    paused_within_s = first_stale["t"] - stopped_at
+    assert paused_within_s <= INTERVAL_S + SENSOR_TIMEOUT_S + 1.5, paused_within_s
+    late = [d for d in during if d["t"] >= first_stale["t"]]
+    assert all(d["reason"] == "stale" and d["pause"] and d["batch_seats"] == 0 for d in late)
+    after = [d for d in decisions if d["t"] > resumed_at]
+    first_open = next(d for d in after if not d["pause"])
+    assert first_open["reason"] == "cold-start"
+
+    assert held["state"] == before_resume["state"] == "paused"
+    prefilled = before_resume["totals"]["batch_prefill_tokens"]
+    assert prefilled == held["totals"]["batch_prefill_tokens"]  # none while the pause held
+    assert before_resume["last_batch_prefill_at"] <= first_stale["t"] + 0.5
+    assert end["totals"]["batch_prefill_tokens"] > prefilled  # batch went on after
+    finished_after = [d for d in documents if d["t_done"] > resumed_at]
+    assert finished_after, "every document finished before the metrics came back"
+
+    assert chat.done and all(status == 200 for _, _, status in chat.done)
+    served_during = [c for c in chat.done if stopped_at < c[0] and c[1] < resumed_at]
+    assert served_during, "no chat was served while the metrics were gone"
+    print(
+        f"stale decision {paused_within_s:.1f} s after the stop; {len(late)} stale decisions; "
+        f"first open decision {first_open['t'] - resumed_at:.1f} s after Prometheus answered; "
+        f"{len(served_during)} chats served in the {OUTAGE_S:.0f} s outage, {len(chat.done)} in "
+        f"all; {len(finished_after)} documents finished after it"
+    )
