@@ -22,8 +22,8 @@ from bench.chat_prompts import TemplateCost, check_fits
 from bench.chat_results import ChatLoadResult
 from bench.chat_sessions import ChatShape, plan_stats
 from bench.serving_metrics import parse_goodput
-from bench.trace import read_trace, scale_trace
 from serving.engine_config import EngineConfig
+from simulator.trace import read_trace, scale_trace
 
 CPU_SCALE = 0.1
 """Default scale on a CPU engine: a 6k-token system prompt becomes 600 tokens."""

@@ -37,14 +37,14 @@ TARGET = 0.20
 
 def replay_trace(run: RealRun):
     """The real chat requests as simulator trace rows: arrival, prompt and output lengths."""
-    from simulator.workloads import TraceRow
+    from simulator.trace import TraceRow
 
     rows = [
         TraceRow(r.t_submit - run.t0, r.prompt_tokens, max(1, r.output_tokens))
         for r in run.chat
         if r.prompt_tokens > 0
     ]
-    return sorted(rows, key=lambda row: row.t)
+    return sorted(rows, key=lambda row: row.t_s)
 
 
 def simulate_replay(workload: MixedWorkload, run: RealRun, engine_config: str, latency_model: str):

@@ -16,7 +16,7 @@ from scheduler.policy_factory import PolicyChoice, make_policy
 from serving.engine_profile import engine_params, load_profile, parse_assignment, step_model
 from simulator.config import sim_config, with_settings
 from simulator.run import SimResult, simulate
-from simulator.workloads import TraceRow, load_trace
+from simulator.trace import TraceRow, read_trace, scale_trace
 
 DEFAULT_DURATION_S = 600.0
 """Virtual seconds of a run without a trace; a replayed trace runs to its last arrival."""
@@ -78,7 +78,9 @@ def run_simulation(req: SimRequest) -> SimResult:
 
 def _trace(req: SimRequest) -> list[TraceRow] | None:
     path = req.chat.get("trace")
-    return load_trace(path, req.chat.get("trace_speedup", 1.0)) if path else None
+    if not path:
+        return None
+    return scale_trace(read_trace(path), speedup=req.chat.get("trace_speedup", 1.0))
 
 
 def trace_duration_s(trace: list[TraceRow] | None) -> float | None:
@@ -86,4 +88,4 @@ def trace_duration_s(trace: list[TraceRow] | None) -> float | None:
     arrival is inside the run); None without a trace."""
     if not trace:
         return None
-    return float(int(trace[-1].t) + 1)
+    return float(int(trace[-1].t_s) + 1)

@@ -92,10 +92,10 @@ def chat_load_command(
         short_trace_warning,
     )
     from bench.chat_sessions import ChatShape, ShapeError
-    from bench.trace import TraceError
     from serving.engine_config import EngineConfigError, load_engine_config
     from serving.launcher import EngineStartError
     from serving.paths import SetupError
+    from simulator.trace import TraceError
 
     try:
         config = load_engine_config(engine_config)

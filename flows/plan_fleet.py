@@ -109,7 +109,7 @@ def fleet_search(config: EngineConfig, opts: FleetOptions) -> FleetSearch:
     from serving.engine_profile import engine_params, step_model
     from simulator.config import sim_config
     from simulator.fleet import FleetSearch
-    from simulator.workloads import load_trace
+    from simulator.trace import read_trace
 
     fit = step_model_path(config, opts.engine_config, opts.latency_model)
     base = sim_config(
@@ -128,7 +128,7 @@ def fleet_search(config: EngineConfig, opts: FleetOptions) -> FleetSearch:
         base=base,
         model=step_model(config, fit),
         controller=config.controller or BudgetControllerConfig(),
-        trace=load_trace(opts.chat_trace) if opts.chat_trace else None,
+        trace=read_trace(opts.chat_trace) if opts.chat_trace else None,
         minutes=opts.sim_minutes,
         warmup_minutes=0.0 if opts.chat_trace else 2.0,
         max_replicas=opts.max_replicas,

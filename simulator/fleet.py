@@ -50,7 +50,7 @@ from scheduler.step import PrefillChunk, StepBatch, StepTimeModel
 from simulator.config import EngineParams, SimConfig
 from simulator.run import SimResult, simulate
 from simulator.summary import WindowVerdicts
-from simulator.workloads import TraceRow
+from simulator.trace import TraceRow
 
 BUDGET_GRANULARITY = 16
 """Budgets are probed in multiples of one GPU KV block."""
