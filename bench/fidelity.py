@@ -49,7 +49,7 @@ def replay_trace(run: RealRun):
 
 def simulate_replay(workload: MixedWorkload, run: RealRun, engine_config: str, latency_model: str):
     """The simulator's run of the same work; returns its `SimResult`."""
-    from scheduler.admission import StaticCaps
+    from scheduler.policy_factory import PolicyChoice, make_policy
     from serving.engine_profile import engine_params, load_profile, step_model
     from simulator.config import sim_config
     from simulator.run import simulate
@@ -71,7 +71,8 @@ def simulate_replay(workload: MixedWorkload, run: RealRun, engine_config: str, l
         seed=workload.seed,
         run_id="fidelity-sim",
     )
-    caps = StaticCaps(workload.seats, workload.doc_tokens)
+    static = PolicyChoice("static", seats=workload.seats, chunk_tokens=workload.doc_tokens)
+    caps = make_policy(static, sim_cfg.slo)
     return simulate(sim_cfg, model, lambda _replica: caps, replay_trace(run))
 
 
