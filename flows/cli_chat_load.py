@@ -31,7 +31,10 @@ def chat_load_command(
             "rate is rescaled to this."
         ),
     ] = None,
-    duration: Annotated[float, typer.Option(help="Seconds of arrivals.")] = 60.0,
+    duration: Annotated[
+        float | None,
+        typer.Option(help="Seconds of arrivals; default: all of --trace, else 60."),
+    ] = None,
     replica_url: Annotated[
         list[str] | None,
         typer.Option(help="Base URL of a running replica (repeatable); none: start one."),

@@ -126,6 +126,15 @@ def scale_trace(
     ]
 
 
+def covering_s(rows: Sequence[TraceRow]) -> float:
+    """Seconds from 0 that cover every arrival of sorted `rows`: the last one's in whole seconds,
+    plus one, so that arrival falls inside a run of that length (a replay stops taking arrivals
+    at its duration)."""
+    if not rows:
+        raise TraceError("an empty trace covers no time; a trace needs at least one row")
+    return float(int(rows[-1].t_s) + 1)
+
+
 def mean_rate(rows: Sequence[TraceRow]) -> float:
     """Requests per second over the trace's span: (n - 1) gaps in (last - first) seconds."""
     if len(rows) < 2:
