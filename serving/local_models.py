@@ -60,6 +60,7 @@ class ModelRecipe:
 
     @property
     def shape(self) -> ModelSpec:
+        """The spec entry's shape; an unknown `spec` raises `SpecError` naming the known ones."""
         return model_spec(self.spec)
 
 
