@@ -25,9 +25,9 @@ from pathlib import Path
 from bench.chat_prompts import HistoryTurn, PromptBuilder, TemplateCost, TextPool
 from bench.chat_results import ChatLoadResult, SentTurn, summarize
 from bench.chat_sessions import Arrival, ChatShape, TurnPlan, plan_turns, poisson_arrivals
-from bench.trace import TraceRow
 from scheduler.records import RequestRecord
 from serving.client import ClientConfig, StreamingClient
+from simulator.trace import TraceRow
 
 ROUTING = ("least-outstanding", "round-robin", "session")
 """How a turn picks its replica: fewest requests in flight, strict rotation, or the replica its

@@ -22,9 +22,11 @@ from bench.chat_prompts import TemplateCost, check_fits
 from bench.chat_results import ChatLoadResult
 from bench.chat_sessions import ChatShape, plan_stats
 from bench.serving_metrics import parse_goodput
-from bench.trace import read_trace, scale_trace
 from serving.engine_config import EngineConfig
+from simulator.trace import covering_s, read_trace, scale_trace
 
+DEFAULT_DURATION_S = 60.0
+"""Seconds of Poisson arrivals when no duration is given; a replayed trace runs to its last one."""
 CPU_SCALE = 0.1
 """Default scale on a CPU engine: a 6k-token system prompt becomes 600 tokens."""
 
@@ -40,7 +42,8 @@ class ChatLoadOptions:
     """A chat load run as the command line gives it; sizes at production scale."""
 
     rate: float | None = None
-    duration: float = 60.0
+    duration: float | None = None
+    """Seconds of arrivals; None: the whole trace when one is replayed, else `DEFAULT_DURATION_S`."""
     trace: Path | None = None
     trace_speedup: float | None = None
     trace_start: float = 0.0
@@ -80,7 +83,7 @@ def load_spec(config: EngineConfig, opts: ChatLoadOptions) -> ChatLoadSpec:
     spec = ChatLoadSpec(
         shape=shape,
         rate=opts.rate if opts.rate is not None else 1.0,
-        duration_s=opts.duration,
+        duration_s=_duration_s(opts.duration, rows),
         trace=rows,
         seed=opts.seed,
         grace_s=opts.grace,
@@ -92,6 +95,12 @@ def load_spec(config: EngineConfig, opts: ChatLoadOptions) -> ChatLoadSpec:
     # The exact check, with the served tokenizer, comes when the prompts are built.
     check_fits(spec.shape, TemplateCost(), spec.context_limit)
     return spec
+
+
+def _duration_s(given: float | None, rows: tuple | None) -> float:
+    if given is not None:
+        return given
+    return covering_s(rows) if rows else DEFAULT_DURATION_S
 
 
 def short_trace_warning(spec: ChatLoadSpec) -> str | None:

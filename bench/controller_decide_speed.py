@@ -16,8 +16,8 @@ import sys
 import time
 
 from scheduler.admission import BatchInFlight, Observation
-from scheduler.budget_controller import BudgetController
 from scheduler.latency_model import roofline_model
+from scheduler.policy_factory import PolicyChoice, make_policy
 from scheduler.slo import SLO
 
 TARGET_US = 1000.0
@@ -59,7 +59,7 @@ def main() -> int:
     args = parser.parse_args()
     model = roofline_model("llama-3.1-70b", "h100-sxm", 2, "fp8", "fp8", efficiency=0.6)
     slo = SLO(chat_itl_p99_ms=50, chat_ttft_p99_ms=1000)
-    controller = BudgetController(slo, model, engine_slots=256)
+    controller = make_policy(PolicyChoice("slo"), slo, model, engine_slots=256)
     obs = observations(args.decisions, args.replicas)
     costs = []
     for o in obs:

@@ -37,19 +37,19 @@ TARGET = 0.20
 
 def replay_trace(run: RealRun):
     """The real chat requests as simulator trace rows: arrival, prompt and output lengths."""
-    from simulator.workloads import TraceRow
+    from simulator.trace import TraceRow
 
     rows = [
         TraceRow(r.t_submit - run.t0, r.prompt_tokens, max(1, r.output_tokens))
         for r in run.chat
         if r.prompt_tokens > 0
     ]
-    return sorted(rows, key=lambda row: row.t)
+    return sorted(rows, key=lambda row: row.t_s)
 
 
 def simulate_replay(workload: MixedWorkload, run: RealRun, engine_config: str, latency_model: str):
     """The simulator's run of the same work; returns its `SimResult`."""
-    from scheduler.admission import StaticCaps
+    from scheduler.policy_factory import PolicyChoice, make_policy
     from serving.engine_profile import engine_params, load_profile, step_model
     from simulator.config import sim_config
     from simulator.run import simulate
@@ -71,7 +71,8 @@ def simulate_replay(workload: MixedWorkload, run: RealRun, engine_config: str, l
         seed=workload.seed,
         run_id="fidelity-sim",
     )
-    caps = StaticCaps(workload.seats, workload.doc_tokens)
+    static = PolicyChoice("static", seats=workload.seats, chunk_tokens=workload.doc_tokens)
+    caps = make_policy(static, sim_cfg.slo)
     return simulate(sim_cfg, model, lambda _replica: caps, replay_trace(run))
 
 

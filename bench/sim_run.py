@@ -16,7 +16,7 @@ from scheduler.policy_factory import PolicyChoice, make_policy
 from serving.engine_profile import engine_params, load_profile, parse_assignment, step_model
 from simulator.config import sim_config, with_settings
 from simulator.run import SimResult, simulate
-from simulator.workloads import TraceRow, load_trace
+from simulator.trace import TraceRow, covering_s, read_trace, scale_trace
 
 DEFAULT_DURATION_S = 600.0
 """Virtual seconds of a run without a trace; a replayed trace runs to its last arrival."""
@@ -58,7 +58,7 @@ def run_simulation(req: SimRequest) -> SimResult:
         batch=req.batch,
         control=req.control,
         slo=req.slo,
-        duration_s=req.duration_s or trace_duration_s(trace) or DEFAULT_DURATION_S,
+        duration_s=req.duration_s or (covering_s(trace) if trace else DEFAULT_DURATION_S),
         seed=req.seed,
         replicas=req.replicas,
         run_id=req.run_id or (req.records.name if req.records else "sim"),
@@ -78,12 +78,6 @@ def run_simulation(req: SimRequest) -> SimResult:
 
 def _trace(req: SimRequest) -> list[TraceRow] | None:
     path = req.chat.get("trace")
-    return load_trace(path, req.chat.get("trace_speedup", 1.0)) if path else None
-
-
-def trace_duration_s(trace: list[TraceRow] | None) -> float | None:
-    """Virtual seconds that cover every arrival of `trace` (its last one, plus a second so that
-    arrival is inside the run); None without a trace."""
-    if not trace:
+    if not path:
         return None
-    return float(int(trace[-1].t) + 1)
+    return scale_trace(read_trace(path), speedup=req.chat.get("trace_speedup", 1.0))

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from pathlib import Path
 
-from simulator.workloads import TRACE_HEADER, TraceRow
+from simulator.trace import COLUMNS, TraceRow
 
 EPOCH = datetime(2024, 5, 14, 0, 0, 0)
 """Wall-clock time of the trace's first instant; only differences matter on replay."""
@@ -93,9 +93,9 @@ def _lognormal(rng: random.Random, median: int, sigma: float, lo: int, hi: int) 
 def write_csv(rows: list[TraceRow], path: Path) -> None:
     """`rows` as a `TIMESTAMP,ContextTokens,GeneratedTokens` CSV with Azure-style timestamps."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    lines = [",".join(TRACE_HEADER)]
+    lines = [",".join(COLUMNS)]
     for row in rows:
-        stamp = (EPOCH + timedelta(seconds=row.t)).strftime("%Y-%m-%d %H:%M:%S.%f")
+        stamp = (EPOCH + timedelta(seconds=row.t_s)).strftime("%Y-%m-%d %H:%M:%S.%f")
         lines.append(f"{stamp},{row.context_tokens},{row.generated_tokens}")
     path.write_text("\n".join(lines) + "\n")
 
@@ -104,7 +104,7 @@ def windowed_rates(rows: list[TraceRow], window_s: float, duration_s: float) -> 
     """Arrivals per second in consecutive windows: what the trace actually delivers."""
     counts = [0] * max(1, math.ceil(duration_s / window_s))
     for row in rows:
-        counts[min(len(counts) - 1, int(row.t // window_s))] += 1
+        counts[min(len(counts) - 1, int(row.t_s // window_s))] += 1
     return [c / window_s for c in counts]
 
 

@@ -31,7 +31,10 @@ def chat_load_command(
             "rate is rescaled to this."
         ),
     ] = None,
-    duration: Annotated[float, typer.Option(help="Seconds of arrivals.")] = 60.0,
+    duration: Annotated[
+        float | None,
+        typer.Option(help="Seconds of arrivals; default: all of --trace, else 60."),
+    ] = None,
     replica_url: Annotated[
         list[str] | None,
         typer.Option(help="Base URL of a running replica (repeatable); none: start one."),
@@ -92,10 +95,10 @@ def chat_load_command(
         short_trace_warning,
     )
     from bench.chat_sessions import ChatShape, ShapeError
-    from bench.trace import TraceError
     from serving.engine_config import EngineConfigError, load_engine_config
     from serving.launcher import EngineStartError
     from serving.paths import SetupError
+    from simulator.trace import TraceError
 
     try:
         config = load_engine_config(engine_config)

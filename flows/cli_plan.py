@@ -83,7 +83,8 @@ def plan_command(
     from serving.plan_config import write_engine_config
 
     if fleet:
-        from flows.plan_fleet import FleetOptions, fleet_command
+        from bench.fleet_run import FleetOptions
+        from flows.plan_fleet import fleet_command
 
         return fleet_command(
             FleetOptions(

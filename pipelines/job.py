@@ -238,6 +238,7 @@ def _status_targets(spec: JobSpec) -> dict:
 
 def _start_gate(spec: JobSpec, engine: EngineConfig, journal: Path):
     from pipelines.gate import start_gate
+    from pipelines.gate_setup import GateConfig
     from serving.replica_targets import configured_fit, control_targets
 
     fit = None if spec.latency_model else configured_fit(spec.engine_config, engine)
@@ -247,9 +248,7 @@ def _start_gate(spec: JobSpec, engine: EngineConfig, journal: Path):
     # the run's SLO windows are judged by (sql/slo_windows.sql), and client gaps carry host noise.
     sensor = spec.sensor or {"kind": "vllm", "window_s": spec.slo.window_s, "itl": "engine"}
     auth = spec.auth or ReplicaAuth()
-    return start_gate(
-        spec.run_id,
-        spec.replicas,
+    config = GateConfig(
         policy=spec.policy,
         slo=spec.slo,
         latency_model=latency_model,
@@ -265,6 +264,7 @@ def _start_gate(spec: JobSpec, engine: EngineConfig, journal: Path):
         engine_flags=engine.vllm,
         journal=str(journal),
     )
+    return start_gate(spec.run_id, spec.replicas, config=config)
 
 
 def _stop_gate(ray, gate) -> None:

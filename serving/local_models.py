@@ -1,9 +1,9 @@
 """Small local Llama models: the embedded default engine, built here, never downloaded.
 
 Random weights make the text meaningless, but step timing depends only on the model's shape, and
-that is what the controller cares about. A recipe fixes the shape; its hash (with the tokenizer text
-and this builder's version) names the cache folder, so a changed recipe is rebuilt and an unchanged
-one is built once. The build runs in the engine environment, which has torch and transformers:
+that is what the controller cares about. A recipe names its shape's entry in the spec table; the
+hash of both (with the tokenizer text and this builder's version) names the cache folder, so a
+changed recipe or shape is rebuilt and an unchanged one is built once. The build runs in the engine environment, which has torch and transformers:
 
     .venv-engine/bin/python -m serving.local_models build small
 """
@@ -15,9 +15,10 @@ import hashlib
 import json
 import shutil
 import sys
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
+from scheduler.specs import ModelSpec, model_spec
 from serving.paths import REPO_ROOT, SetupError, cache_root
 
 BUILDER_VERSION = 1
@@ -39,16 +40,17 @@ CHAT_TEMPLATE = (
 
 @dataclass(frozen=True)
 class ModelRecipe:
-    """The shape of one local model. Changing any field changes the cache folder."""
+    """How to build one local model. The shape (layers, widths, heads, context) is not repeated
+    here: it is the spec table entry `spec` (scheduler/specs/models.yaml), the same numbers the
+    planner and the latency model read, so the built model and what they reason about cannot drift
+    apart. The recipe adds only what building needs beyond the shape. Changing any of it, or the
+    entry's shape, changes the cache folder."""
 
-    layers: int
-    hidden: int
-    intermediate: int
-    heads: int
-    kv_heads: int
-    head_dim: int
+    spec: str
+    """The `scheduler/specs/models.yaml` entry of this model; its `path` is `local:NAME`."""
     vocab_target: int
-    max_position: int
+    """Vocabulary the tokenizer trains for; it learns fewer where the text runs out, and the spec's
+    `vocab` is what it reached (with `padded_vocab`, that size)."""
     seed: int = 0
     dtype: str = "bfloat16"
     padded_vocab: int = 0
@@ -56,32 +58,24 @@ class ModelRecipe:
     learns from the text. They widen the embedding and the lm_head, which every decode step reads
     in full while a prefill runs it on its prompt's last token only."""
 
+    @property
+    def shape(self) -> ModelSpec:
+        """The spec entry's shape; an unknown `spec` raises `SpecError` naming the known ones."""
+        return model_spec(self.spec)
+
+
+HASHED_SHAPE = ("layers", "hidden", "intermediate", "heads", "kv_heads", "head_dim", "max_position")
+"""The spec fields the built files follow, so the hash takes them. `params` and `vocab` are not
+inputs: they are what a build of the rest comes out at."""
+
 
 RECIPES: dict[str, ModelRecipe] = {
     # Fast to load and step; for tests that need a real engine, not realistic timing.
-    "tiny": ModelRecipe(
-        layers=2,
-        hidden=64,
-        intermediate=256,
-        heads=2,
-        kv_heads=1,
-        head_dim=32,
-        vocab_target=1024,
-        max_position=4096,
-    ),
+    "tiny": ModelRecipe(spec="nightshift-tiny", vocab_target=1024),
     # For the demo and benchmarks: on this CPU a 512-token prefill chunk costs about as much as
     # one to two decode steps at a short prefix and several times more deep into a long prompt,
     # the proportions of a 70B model on H100s (README, "The local models").
-    "small": ModelRecipe(
-        layers=4,
-        hidden=256,
-        intermediate=768,
-        heads=4,
-        kv_heads=2,
-        head_dim=64,
-        vocab_target=2048,
-        max_position=32768,
-    ),
+    "small": ModelRecipe(spec="nightshift-small", vocab_target=2048),
     # For documents of up to ~80k tokens (engine_configs/cpu-long.yaml). What makes a prefill chunk
     # dearer deep into a prompt is attention work (4·layers·heads·head_dim per prefix token) against
     # linear work (2 FLOPs per weight in the layers; the lm_head runs only on a prompt's last
@@ -91,17 +85,7 @@ RECIPES: dict[str, ModelRecipe] = {
     # under a prefill chunk's compute; here it is mostly fixed overhead, which every step pays. A
     # 48k vocabulary (reserved tokens) adds an lm_head read to each step at no prefill FLOPs, and
     # brings a shallow 512-token chunk to ~2 decode steps (docs/results.md, "The `long` stand-in model").
-    "long": ModelRecipe(
-        layers=1,
-        hidden=512,
-        intermediate=1664,
-        heads=1,
-        kv_heads=1,
-        head_dim=32,
-        vocab_target=2048,
-        max_position=131072,
-        padded_vocab=49152,
-    ),
+    "long": ModelRecipe(spec="nightshift-long", vocab_target=2048, padded_vocab=49152),
 }
 
 
@@ -115,12 +99,19 @@ def recipe(name: str) -> ModelRecipe:
     return RECIPES[name]
 
 
+def hash_fields(r: ModelRecipe) -> dict[str, int | str]:
+    """What the hash of `r` is taken over: the shape fields and the recipe's own, flat, by the names
+    the recipe had when it held the shape itself, so a folder built then is still found now."""
+    fields: dict[str, int | str] = {k: getattr(r.shape, k) for k in HASHED_SHAPE}
+    fields.update(vocab_target=r.vocab_target, seed=r.seed, dtype=r.dtype)
+    if r.padded_vocab:  # recipes from before the field keep their hash, and their build
+        fields["padded_vocab"] = r.padded_vocab
+    return fields
+
+
 def recipe_hash(name: str) -> str:
     """Hash of everything that determines the built files."""
-    fields = asdict(recipe(name))
-    if not fields["padded_vocab"]:
-        del fields["padded_vocab"]  # recipes from before the field keep their hash, and their build
-    h = hashlib.sha256(json.dumps(fields, sort_keys=True).encode())
+    h = hashlib.sha256(json.dumps(hash_fields(recipe(name)), sort_keys=True).encode())
     h.update(f"builder-{BUILDER_VERSION}".encode())
     for path in sorted(TEXT_DIR.glob("*.txt")):
         h.update(path.read_bytes())
@@ -177,7 +168,7 @@ def _train_tokenizer(r: ModelRecipe):
         bos_token="<|begin_of_text|>",
         eos_token="<|eot_id|>",
         pad_token="<|end_of_text|>",
-        model_max_length=r.max_position,
+        model_max_length=r.shape.max_position,
     )
     fast.chat_template = CHAT_TEMPLATE
     reserved = r.padded_vocab - len(fast)
@@ -191,15 +182,16 @@ def _write_model(r: ModelRecipe, vocab_size: int, out: Path) -> None:
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(r.seed)
+    shape = r.shape
     config = LlamaConfig(
         vocab_size=-(-vocab_size // 64) * 64,
-        hidden_size=r.hidden,
-        intermediate_size=r.intermediate,
-        num_hidden_layers=r.layers,
-        num_attention_heads=r.heads,
-        num_key_value_heads=r.kv_heads,
-        head_dim=r.head_dim,
-        max_position_embeddings=r.max_position,
+        hidden_size=shape.hidden,
+        intermediate_size=shape.intermediate,
+        num_hidden_layers=shape.layers,
+        num_attention_heads=shape.heads,
+        num_key_value_heads=shape.kv_heads,
+        head_dim=shape.head_dim,
+        max_position_embeddings=shape.max_position,
         tie_word_embeddings=False,
         bos_token_id=0,
         eos_token_id=4,

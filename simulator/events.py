@@ -77,7 +77,7 @@ class TraceArrival(Event):
         follow = sim.submit(req, sim.replicas[sim.least_loaded()])
         nxt = self.index + 1
         if nxt < len(sim.trace):
-            follow.append(TraceArrival(sim.trace[nxt].t, nxt))
+            follow.append(TraceArrival(sim.trace[nxt].t_s, nxt))
         return follow
 
 

@@ -43,14 +43,13 @@ from dataclasses import asdict, dataclass, field, fields
 
 import numpy as np
 
-from scheduler.admission import StaticCaps
 from scheduler.budget_controller import BudgetControllerConfig
 from scheduler.policy_factory import PolicyChoice, make_policy
 from scheduler.step import PrefillChunk, StepBatch, StepTimeModel
 from simulator.config import EngineParams, SimConfig
 from simulator.run import SimResult, simulate
 from simulator.summary import WindowVerdicts
-from simulator.workloads import TraceRow
+from simulator.trace import TraceRow
 
 BUDGET_GRANULARITY = 16
 """Budgets are probed in multiples of one GPU KV block."""
@@ -361,7 +360,7 @@ def run_probe(search: FleetSearch, replicas: int, budget: int) -> Probe:
             "batch": search.base.batch.model_copy(update={"docs": 0}),
         }
     )
-    no_batch = StaticCaps(0, 1)
+    no_batch = make_policy(PolicyChoice("static", seats=0, chunk_tokens=1), cfg.slo)
     started = time.perf_counter()
     result = simulate(cfg, search.model, lambda _replica: no_batch, search.trace)
     v = judged(result.window_verdicts(), _warmup_windows(search))

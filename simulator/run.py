@@ -13,7 +13,7 @@ from simulator.config import SimConfig
 from simulator.loop import EventLoop
 from simulator.simulation import PolicyFactory, Simulation
 from simulator.summary import RunTotals, WindowVerdicts, summarize, window_verdicts
-from simulator.workloads import TraceRow
+from simulator.trace import TraceRow
 
 
 @dataclass

@@ -30,7 +30,8 @@ from simulator.events import (
 )
 from simulator.recorder import Recorder
 from simulator.replica import Replica
-from simulator.workloads import ChatSession, ChatSessions, TraceRow, load_trace
+from simulator.trace import TraceRow, read_trace, scale_trace
+from simulator.workloads import ChatSession, ChatSessions
 
 PolicyFactory = Callable[[str], AdmissionPolicy]
 """Builds the admission policy of one replica, given the replica's name."""
@@ -57,7 +58,7 @@ class Simulation:
         self.policies = {r.name: policy_factory(r.name) for r in self.replicas}
         self.sessions = ChatSessions(cfg.chat, random.Random(cfg.seed))
         if trace is None and cfg.chat.trace:
-            trace = load_trace(cfg.chat.trace, cfg.chat.trace_speedup)
+            trace = scale_trace(read_trace(cfg.chat.trace), speedup=cfg.chat.trace_speedup)
         self.trace = trace or []
         self.dispatcher = BatchDispatcher(cfg.batch, list(self.by_name))
         self.recorder = Recorder(cfg.run_id)
@@ -77,7 +78,7 @@ class Simulation:
         if self.cfg.chat.rate > 0:
             events.append(SessionStart(self.sessions.session_gap_s()))
         if self.trace:
-            events.append(TraceArrival(self.trace[0].t, 0))
+            events.append(TraceArrival(self.trace[0].t_s, 0))
         return events
 
     def least_loaded(self) -> int:

@@ -3,26 +3,19 @@
 A session is one user: a shared system prompt, the user's retrieved context, then turns whose
 history grows by the user's message and the model's answer. The next turn starts a think time after
 the previous answer ends, so a slow replica also slows the arrival of follow-up turns, as it does
-for real users. Trace replay follows the public Azure LLM inference trace format.
+for real users. A replayed trace's rows come from `simulator/trace.py`.
 """
 
 from __future__ import annotations
 
-import csv
 import random
 from dataclasses import dataclass, field
-from datetime import datetime
-from pathlib import Path
 
 from simulator.config import ChatWorkload
 from simulator.entities import CHAT_PRIORITY, Request, Segment
+from simulator.trace import TraceRow
 
 SYSTEM_PROMPT = ("system",)
-TRACE_HEADER = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
-
-
-class TraceError(ValueError):
-    """A trace file that cannot be replayed; the message names the file and line."""
 
 
 @dataclass(slots=True)
@@ -34,15 +27,6 @@ class ChatSession:
     replica: int = -1
     turn: int = 0
     history: list[Segment] = field(default_factory=list)
-
-
-@dataclass(frozen=True, slots=True)
-class TraceRow:
-    """One replayed request: arrival (seconds from the first row), prompt and output lengths."""
-
-    t: float
-    context_tokens: int
-    generated_tokens: int
 
 
 class ChatSessions:
@@ -117,59 +101,3 @@ def trace_request(row: TraceRow, index: int, cfg: ChatWorkload, now: float) -> R
         max_output=max(1, row.generated_tokens),
         output_key=("trace-answer", index),
     )
-
-
-def load_trace(path: str | Path, speedup: float = 1.0) -> list[TraceRow]:
-    """Rows of a `TIMESTAMP,ContextTokens,GeneratedTokens` CSV, times relative to the earliest row
-    and divided by `speedup` (2 replays the trace twice as fast, as `chat-load --trace-speedup`).
-
-    TIMESTAMP is a datetime (`2023-11-16 18:15:46.6805900`, as in the Azure trace) or plain seconds.
-    """
-    path = Path(path)
-    if not path.is_file():
-        raise TraceError(f"{path}: no such trace file")
-    with path.open(newline="") as fh:
-        reader = csv.reader(fh)
-        header = next(reader, None)
-        if header is None or tuple(h.strip() for h in header) != TRACE_HEADER:
-            raise TraceError(
-                f"{path}:1: expected the header {','.join(TRACE_HEADER)}, got {header}"
-            )
-        rows = [_parse_row(path, reader.line_num, cells) for cells in reader if cells]
-    if not rows:
-        raise TraceError(f"{path}: the trace has a header but no rows")
-    rows.sort(key=lambda r: r[0])
-    t0 = rows[0][0]
-    return [TraceRow((t - t0) / speedup, ctx, gen) for t, ctx, gen in rows]
-
-
-def _parse_row(path: Path, line: int, cells: list[str]) -> tuple[float, int, int]:
-    if len(cells) != 3:
-        raise TraceError(f"{path}:{line}: expected 3 columns, got {len(cells)}: {cells}")
-    try:
-        t = parse_timestamp(cells[0])
-        ctx, gen = int(cells[1]), int(cells[2])
-    except ValueError as exc:
-        raise TraceError(f"{path}:{line}: {exc}") from None
-    if ctx < 1 or gen < 0:
-        raise TraceError(f"{path}:{line}: ContextTokens must be >= 1 and GeneratedTokens >= 0")
-    return t, ctx, gen
-
-
-def parse_timestamp(text: str) -> float:
-    """Seconds from a plain number or a `YYYY-MM-DD HH:MM:SS[.fraction]` datetime (any digits)."""
-    text = text.strip()
-    try:
-        return float(text)
-    except ValueError:
-        pass
-    whole, _, frac = text.replace("T", " ").partition(".")
-    try:
-        stamp = datetime.strptime(whole, "%Y-%m-%d %H:%M:%S")
-    except ValueError:
-        raise ValueError(
-            f"TIMESTAMP {text!r} is neither seconds nor 'YYYY-MM-DD HH:MM:SS.f'"
-        ) from None
-    if frac and not frac.isdigit():
-        raise ValueError(f"TIMESTAMP {text!r} has a malformed fraction of a second")
-    return (stamp - datetime(1970, 1, 1)).total_seconds() + (float("0." + frac) if frac else 0.0)

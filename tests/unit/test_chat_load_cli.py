@@ -45,6 +45,20 @@ def test_a_malformed_trace_row_is_named_by_line(tmp_path) -> None:
     assert f"{trace}:3: ContextTokens 'abc' is not a whole number" in result.output
 
 
+def test_a_replayed_trace_runs_to_its_last_arrival_unless_a_duration_is_given(tmp_path) -> None:
+    from bench.chat_load_run import DEFAULT_DURATION_S, ChatLoadOptions, load_spec
+    from serving.engine_config import load_engine_config
+
+    trace = tmp_path / "t.csv"
+    trace.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n0,100,5\n95.5,100,5\n250.2,100,5\n")
+    config = load_engine_config(REPO / "engine_configs" / "cpu-tiny.yaml")
+    whole = load_spec(config, ChatLoadOptions(trace=trace, trace_speedup=2.0))
+    assert whole.duration_s == 126.0 and len(whole.plans()) == 3
+    cut = load_spec(config, ChatLoadOptions(trace=trace, trace_speedup=2.0, duration=60.0))
+    assert cut.duration_s == 60.0 and len(cut.plans()) == 2
+    assert load_spec(config, ChatLoadOptions(rate=1.0)).duration_s == DEFAULT_DURATION_S
+
+
 def test_missing_engine_config() -> None:
     result = runner.invoke(app, ["chat-load", "--engine-config", "nope.yaml", "--rate", "1"])
     assert result.exit_code == 2 and "no such engine config file" in result.output

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import click
+from typer.main import get_command
 from typer.testing import CliRunner
 
 from flows.cli import app
@@ -23,10 +25,35 @@ def test_every_command_that_chooses_a_policy_says_policy():
         assert "--policy" in result.stdout, command
 
 
+def commands(group: click.Group, path: tuple[str, ...] = ()):
+    """Every leaf command of the CLI, with the words that call it."""
+    for name, cmd in group.commands.items():
+        if isinstance(cmd, click.Group):
+            yield from commands(cmd, (*path, name))
+        else:
+            yield (*path, name), cmd
+
+
 def test_json_is_a_path_everywhere():
-    for command in ("plan", "simulate", "bench", "chat-load"):
-        result = CliRunner().invoke(app, [command, "--help"], env={"COLUMNS": "200"})
-        assert "--json" in result.stdout and "for stdout" in result.stdout, command
+    with_json = {}
+    for path, cmd in commands(get_command(app)):
+        for param in cmd.params:
+            if "--json" in param.opts:
+                with_json[" ".join(path)] = param
+    assert {"plan", "simulate", "bench", "chat-load"} <= set(with_json)
+    for name, param in with_json.items():
+        assert not param.is_flag and "- for stdout" in param.help, name
+
+
+def test_an_engine_config_is_always_given_as_engine_config():
+    spellings = {
+        opt
+        for _, cmd in commands(get_command(app))
+        for param in cmd.params
+        for opt in param.opts
+        if opt.startswith("--") and "config" in opt
+    }
+    assert spellings == {"--engine-config", "--emit-engine-config"}
 
 
 def test_the_policy_names_are_one_set():

@@ -19,7 +19,7 @@ from scheduler.budget_controller import BudgetController
 from serving.engine_profile import engine_params, load_profile, step_model
 from simulator.config import sim_config
 from simulator.run import simulate
-from simulator.workloads import load_trace
+from simulator.trace import read_trace
 
 PROFILE = Path(__file__).resolve().parents[2] / "engine_configs" / "h100x2-llama-3.1-70b-fp8.yaml"
 MINUTES = 12
@@ -81,8 +81,8 @@ def test_controller_holds_chat_itl_under_poisson_chat_while_batch_progresses(see
 
 
 def test_controller_holds_chat_itl_under_trace_replay_while_batch_progresses(trace_csv):
-    rows = load_trace(trace_csv)
-    rates = [sum(1 for r in rows if lo <= r.t < lo + 120) / 120 for lo in (0, 300, 600)]
+    rows = read_trace(trace_csv)
+    rates = [sum(1 for r in rows if lo <= r.t_s < lo + 120) / 120 for lo in (0, 300, 600)]
     assert max(rates) >= 2.5 * min(rates)  # the replayed load really swings
     chat = {"trace": str(trace_csv), "trace_shared_prefix_tokens": TraceShape.shared_prefix_tokens}
     result = run(chat, trace=rows)

@@ -71,7 +71,7 @@ def test_replay_runs_the_real_chat_arrivals_in_the_simulator() -> None:
     chat = [record("chat", 100.0 + i, 300 + 10 * i, 20, t_end=101.0 + i) for i in range(10)]
     run = RealRun(t0=100.0, t1=120.0, chat=chat, batch=[])
     rows = replay_trace(run)
-    assert [r.t for r in rows] == [float(i) for i in range(10)]
+    assert [r.t_s for r in rows] == [float(i) for i in range(10)]
     workload = MixedWorkload(
         chat=ChatLoadSpec(shape=ChatShape().scaled(0.1)),
         duration_s=20,

@@ -10,8 +10,8 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
+from bench.fleet_run import step_model_path
 from flows.cli_plan import register
-from flows.plan_fleet import step_model_path
 from serving.engine_config import load_engine_config
 
 CONFIGS = Path(__file__).resolve().parents[2] / "engine_configs"

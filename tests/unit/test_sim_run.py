@@ -12,7 +12,7 @@ from scheduler.run_schemas import RUN_TABLES
 from scheduler.step import StepBatch
 from simulator.config import SimConfig
 from simulator.run import simulate
-from simulator.workloads import TraceRow
+from simulator.trace import TraceRow
 from warehouse.run_files import conform
 
 SUMMARY_KEYS = {"chat", "batch", "preemptions", "kv_peak", "sim_seconds", "wall_seconds"}
@@ -174,7 +174,7 @@ def test_sessions_spread_over_replicas_and_stick_to_one():
 
 
 def test_trace_replay_submits_each_row_at_its_time():
-    rows = [TraceRow(t=float(i), context_tokens=500 + i, generated_tokens=20) for i in range(30)]
+    rows = [TraceRow(t_s=float(i), context_tokens=500 + i, generated_tokens=20) for i in range(30)]
     cfg = config(chat={"rate": 0.0}, batch={"docs": 0}, duration_s=60.0)
     result = simulate(cfg, LinearSteps(), trace=rows)
     records = {r.request_id: r for r in result.sim.recorder.records}

@@ -1,4 +1,5 @@
-"""Chat sessions, trace replay and the batch dispatcher (simulator/workloads.py, dispatcher.py)."""
+"""Chat sessions and the batch dispatcher (simulator/workloads.py, dispatcher.py); the trace
+reader has its own tests (test_sim_trace.py)."""
 
 from __future__ import annotations
 
@@ -9,51 +10,7 @@ import pytest
 from scheduler.admission import Decision
 from simulator.config import BatchWorkload, ChatWorkload
 from simulator.dispatcher import BatchDispatcher
-from simulator.workloads import ChatSessions, TraceError, load_trace, parse_timestamp
-
-
-def test_azure_timestamps_with_seven_fraction_digits_and_plain_seconds_parse():
-    a = parse_timestamp("2023-11-16 18:15:46.6805900")
-    b = parse_timestamp("2023-11-16 18:15:47.1")
-    assert b - a == pytest.approx(0.41941, abs=1e-6)
-    assert parse_timestamp(" 12.5 ") == 12.5
-
-
-def test_trace_rows_are_relative_to_the_first_arrival_and_scaled(tmp_path):
-    path = tmp_path / "trace.csv"
-    path.write_text(
-        "TIMESTAMP,ContextTokens,GeneratedTokens\n"
-        "2023-11-16 18:15:50.0000000,100,10\n"
-        "2023-11-16 18:15:46.0000000,2000,0\n"
-    )
-    rows = load_trace(path, speedup=2.0)
-    assert [(r.t, r.context_tokens, r.generated_tokens) for r in rows] == [
-        (0.0, 2000, 0),
-        (2.0, 100, 10),
-    ]
-
-
-@pytest.mark.parametrize(
-    ("body", "line", "words"),
-    [
-        ("1.0,100,10\n2.0,abc,10\n", 3, "invalid literal"),
-        ("1.0,100\n", 2, "expected 3 columns"),
-        ("yesterday,100,10\n", 2, "TIMESTAMP"),
-        ("1.0,0,10\n", 2, "ContextTokens"),
-    ],
-)
-def test_a_malformed_trace_row_names_its_line(tmp_path, body, line, words):
-    path = tmp_path / "t.csv"
-    path.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n" + body)
-    with pytest.raises(TraceError, match=rf"t\.csv:{line}: .*{words}"):
-        load_trace(path)
-
-
-def test_a_trace_without_the_header_is_refused(tmp_path):
-    path = tmp_path / "t.csv"
-    path.write_text("1.0,100,10\n")
-    with pytest.raises(TraceError, match="expected the header"):
-        load_trace(path)
+from simulator.workloads import ChatSessions
 
 
 def test_turns_resend_system_prompt_context_and_the_whole_history():

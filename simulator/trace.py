@@ -5,6 +5,11 @@ and the answer size production saw. Replaying it keeps production's burstiness a
 which a Poisson process with fixed sizes does not. The published traces ran on large GPU fleets, so a
 replay here usually needs its clock stretched or compressed (`speedup`, or a target mean `rate`) and
 its token sizes shrunk to what the engine holds (`token_scale`).
+
+This module is the one reader of the format: the simulator replays its rows in virtual time, and
+the real chat load (`bench/chat_load_run.py`) sends them to a replica, so both see the same rows
+and refuse a bad file with the same message (file:line, what is wrong). It sits in the simulator, the
+lower of its two users' layers: `bench` may import the simulator, never the other way round.
 """
 
 from __future__ import annotations
@@ -26,7 +31,7 @@ class TraceError(ValueError):
     """A trace that cannot be replayed; the message names the file, the line and the fix."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class TraceRow:
     """One request of a trace."""
 
@@ -52,9 +57,11 @@ def read_trace(path: str | Path) -> list[TraceRow]:
 
 
 def parse_trace(lines: Iterable[str], source: str = "trace") -> list[TraceRow]:
-    """Parse CSV text. The header is optional; when present it may order the columns freely."""
+    """Parse CSV text. The header is optional; when present it may order the columns freely and
+    carry more columns than the three (they are ignored). Without it a row is exactly the three."""
     reader = csv.reader(lines)
     order: tuple[int, int, int] = (0, 1, 2)
+    named = False
     parsed: list[tuple[float, int, int, int]] = []
     kind: str | None = None
     for cells in reader:
@@ -63,9 +70,9 @@ def parse_trace(lines: Iterable[str], source: str = "trace") -> list[TraceRow]:
             continue
         if not parsed and kind is None and _is_header(cells):
             order = _column_order(cells, source, line)
-            kind = "header"
+            named, kind = True, "header"
             continue
-        t, row_kind, ctx, gen = _parse_row(cells, order, source, line)
+        t, row_kind, ctx, gen = _parse_row(cells, order, named, source, line)
         if kind not in (None, "header", row_kind):
             raise TraceError(
                 f"{source}:{line}: TIMESTAMP is {row_kind} but earlier rows are "
@@ -119,6 +126,15 @@ def scale_trace(
     ]
 
 
+def covering_s(rows: Sequence[TraceRow]) -> float:
+    """Seconds from 0 that cover every arrival of sorted `rows`: the last one's in whole seconds,
+    plus one, so that arrival falls inside a run of that length (a replay stops taking arrivals
+    at its duration)."""
+    if not rows:
+        raise TraceError("an empty trace covers no time; a trace needs at least one row")
+    return float(int(rows[-1].t_s) + 1)
+
+
 def mean_rate(rows: Sequence[TraceRow]) -> float:
     """Requests per second over the trace's span: (n - 1) gaps in (last - first) seconds."""
     if len(rows) < 2:
@@ -153,9 +169,9 @@ def _column_order(cells: list[str], source: str, line: int) -> tuple[int, int, i
 
 
 def _parse_row(
-    cells: list[str], order: tuple[int, int, int], source: str, line: int
+    cells: list[str], order: tuple[int, int, int], named: bool, source: str, line: int
 ) -> tuple[float, str, int, int]:
-    if len(cells) <= max(order):
+    if len(cells) <= max(order) or (not named and len(cells) != len(COLUMNS)):
         raise TraceError(
             f"{source}:{line}: expected {len(COLUMNS)} columns "
             f"({','.join(COLUMNS)}), got {len(cells)}: {','.join(cells)}"

@@ -1,10 +1,19 @@
-"""Trace CSV parsing (Azure format), its error messages, and rescaling in time and tokens."""
+"""Trace CSV parsing (Azure format), its error messages, and rescaling in time and tokens
+(simulator/trace.py, the one reader the simulator and the real chat load share)."""
 
 from __future__ import annotations
 
 import pytest
 
-from bench.trace import TraceError, TraceRow, mean_rate, parse_trace, read_trace, scale_trace
+from simulator.trace import (
+    TraceError,
+    TraceRow,
+    mean_rate,
+    parse_timestamp,
+    parse_trace,
+    read_trace,
+    scale_trace,
+)
 
 AZURE = """TIMESTAMP,ContextTokens,GeneratedTokens
 2023-11-16 18:15:46.6805900,374,44
@@ -31,6 +40,13 @@ def test_plain_seconds_without_header_and_unsorted_rows() -> None:
     assert rows[0].line == 2
 
 
+def test_timestamps_keep_every_fraction_digit_and_say_their_kind() -> None:
+    a, kind = parse_timestamp("2023-11-16 18:15:46.6805900")
+    b, _ = parse_timestamp("2023-11-16T18:15:47.1")
+    assert kind == "datetime" and b - a == pytest.approx(0.41941, abs=1e-6)
+    assert parse_timestamp("12.5") == (12.5, "seconds")
+
+
 def test_header_may_order_columns_freely() -> None:
     rows = parse_trace(["GeneratedTokens,TIMESTAMP,ContextTokens\n", "9,1.0,50\n", "8,2.0,60\n"])
     assert [(r.t_s, r.context_tokens, r.generated_tokens) for r in rows] == [(0, 50, 9), (1, 60, 8)]
@@ -54,6 +70,13 @@ def test_malformed_row_names_its_line(bad_row: str, words: str) -> None:
         parse_trace(text.splitlines(keepends=True), source="chat.csv")
 
 
+def test_a_row_without_a_header_is_exactly_the_three_columns() -> None:
+    with pytest.raises(TraceError, match="t:2: expected 3 columns .*got 4"):
+        parse_trace(["1.0,10,2\n", "2.0,10,2,7\n"], source="t")
+    named = parse_trace(["TIMESTAMP,ContextTokens,GeneratedTokens,Extra\n", "2.0,10,2,7\n"])
+    assert [(r.context_tokens, r.generated_tokens) for r in named] == [(10, 2)]
+
+
 def test_mixed_timestamp_kinds_are_refused_at_the_first_odd_row() -> None:
     lines = ["2023-11-16 18:15:46.1,10,2\n", "1700000000.0,10,2\n"]
     with pytest.raises(
@@ -75,6 +98,25 @@ def test_read_trace_from_file_with_byte_order_mark(tmp_path) -> None:
     assert len(read_trace(path)) == 3
     with pytest.raises(TraceError, match="no such trace file"):
         read_trace(tmp_path / "missing.csv")
+
+
+def test_a_file_read_and_sped_up_starts_at_its_earliest_row(tmp_path) -> None:
+    path = tmp_path / "trace.csv"
+    path.write_text(
+        "TIMESTAMP,ContextTokens,GeneratedTokens\n"
+        "2023-11-16 18:15:50.0000000,100,10\n"
+        "2023-11-16 18:15:46.0000000,2000,0\n"
+    )
+    rows = scale_trace(read_trace(path), speedup=2.0)  # an empty answer still asks for one token
+    assert [(r.t_s, r.context_tokens, r.generated_tokens, r.line) for r in rows] == [
+        (0.0, 2000, 1, 3),
+        (2.0, 100, 10, 2),
+    ]
+    path.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n1.0,100,10\n2.0,abc,10\n")
+    with pytest.raises(
+        TraceError, match=r"trace\.csv:3: ContextTokens 'abc' is not a whole number"
+    ):
+        read_trace(path)
 
 
 def rows(times: list[float], ctx: int = 1000, gen: int = 100) -> list[TraceRow]:
