@@ -213,10 +213,15 @@ def _check_inputs(
     """Every input a run can get wrong, checked before any replica starts or document is read."""
     from flows.replicas import ReplicaUnreachable, check_replica
     from pipelines.corpus import CorpusError, read_corpus
+    from pipelines.ray_session import RayAddressError, ray_address
     from pipelines.run_store import RunMismatch, check_resumable
     from serving.vllm_flags_check import VllmFlagError, check_vllm_flags
 
     check_policy_choice(policy)
+    try:
+        ray_address()
+    except RayAddressError as exc:
+        raise fail(str(exc)) from None
     if policy in ("slo", "budget") and latency_model is None:
         raise fail(
             f"--policy {policy} needs a latency fit and the engine config has none: fit one with "

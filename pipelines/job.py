@@ -3,17 +3,24 @@
 The driver reads the corpus and owns the run's files; Ray Data tokenizes documents and runs the
 summarizers; the Gate actor decides what may run where. Documents stream back to the driver as they
 finish and are written at once, so progress is visible and a killed run keeps what it did.
-`ray.init()` starts Ray locally; with `RAY_ADDRESS` set the same code runs on a cluster.
+`ray.init()` starts Ray locally; with `RAY_ADDRESS` set (as `ray job submit` sets it) the same code
+joins a running cluster, and the run stops only what it started (`pipelines/ray_session.py`).
+
+On a cluster the driver and the Gate share the driver's node, but not its working directory (a
+Ray worker's is its node's), so every path either of them opens is made absolute on the driver
+first. The engine config's path goes to the summarizers as given: each node resolves it against
+its own checkout (the job's `working_dir`, or where its `ray start` ran).
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import re
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import pyarrow as pa
@@ -103,6 +110,7 @@ class JobResult:
 
 def run_job(spec: JobSpec) -> JobResult:
     """Run (or resume) one summarization run to the end and return its totals."""
+    spec = driver_paths(spec)
     engine = load_engine_config(spec.engine_config)
     corpus = read_corpus(spec.corpus)  # a bad corpus fails here, before any work
     store = RunStore(spec.results, spec.run_id)
@@ -129,41 +137,43 @@ def run_job(spec: JobSpec) -> JobResult:
     )
     t0 = time.time()
     metrics = spec.metrics or RunMetrics(spec.run_id)
-    ray = _init_ray()
-    gate = _start_gate(spec, engine, store.new_journal())
-    metrics.relay(lambda: ray.get(gate.metrics_text.remote(), timeout=RELAY_TIMEOUT_S))
-    totals, problems = {"done": 0, "failed": 0, "stopped": 0, "tokens": 0}, []
-    timers = [_stop_at_deadline(gate, spec.deadline_ts)]
-    itl = EngineItlRecorder(spec.replicas, plugin_status=_status_targets(spec))
-    gate_lost = False
-    try:
-        with itl:
-            if todo.num_rows:
-                tokenized, problems = _tokenize_and_judge(ray, todo, spec)
-                store.write_rejections(problems)
-                metrics.documents_refused(problems)
-                if spec.on_summarize_start is not None:
-                    spec.on_summarize_start()
-                timers.append(_stop_later(gate, spec.stop_after_s))
-                totals = _summarize(ray, tokenized, spec, engine, store, gate, metrics)
-        store.write_decisions(ray.get(gate.decision_rows.remote()))
-        store.write_engine_steps(ray.get(gate.engine_step_rows.remote()))
-    except Exception as exc:
-        if _gate_alive(ray, gate):
-            raise
-        gate_lost = True
-        message = _gate_lost_message(spec.run_id, len(store.finished_doc_ids()), exc)
-        log.error("%s", message)
-        raise GateLost(message) from exc
-    finally:
-        for timer in timers:
-            if timer is not None:
-                timer.cancel()
-        metrics.relay(None)
-        _stop_gate(ray, gate)
-        # What this attempt cancelled in flight, or what the Gate had granted when it died.
-        store.recover_journal(GATE_DIED_IN_FLIGHT if gate_lost else KILLED_IN_FLIGHT)
-        store.write_engine_itl(itl.series.rows(spec.run_id))
+    import ray
+
+    with contextlib.closing(_init_ray()):  # disconnects from a cluster it joined, nothing else
+        gate = _start_gate(spec, engine, store.new_journal())
+        metrics.relay(lambda: ray.get(gate.metrics_text.remote(), timeout=RELAY_TIMEOUT_S))
+        totals, problems = {"done": 0, "failed": 0, "stopped": 0, "tokens": 0}, []
+        timers = [_stop_at_deadline(gate, spec.deadline_ts)]
+        itl = EngineItlRecorder(spec.replicas, plugin_status=_status_targets(spec))
+        gate_lost = False
+        try:
+            with itl:
+                if todo.num_rows:
+                    tokenized, problems = _tokenize_and_judge(ray, todo, spec)
+                    store.write_rejections(problems)
+                    metrics.documents_refused(problems)
+                    if spec.on_summarize_start is not None:
+                        spec.on_summarize_start()
+                    timers.append(_stop_later(gate, spec.stop_after_s))
+                    totals = _summarize(ray, tokenized, spec, engine, store, gate, metrics)
+            store.write_decisions(ray.get(gate.decision_rows.remote()))
+            store.write_engine_steps(ray.get(gate.engine_step_rows.remote()))
+        except Exception as exc:
+            if _gate_alive(ray, gate):
+                raise
+            gate_lost = True
+            message = _gate_lost_message(spec.run_id, len(store.finished_doc_ids()), exc)
+            log.error("%s", message)
+            raise GateLost(message) from exc
+        finally:
+            for timer in timers:
+                if timer is not None:
+                    timer.cancel()
+            metrics.relay(None)
+            _stop_gate(ray, gate)
+            # What this attempt cancelled in flight, or what the Gate had granted when it died.
+            store.recover_journal(GATE_DIED_IN_FLIGHT if gate_lost else KILLED_IN_FLIGHT)
+            store.write_engine_itl(itl.series.rows(spec.run_id))
     store.finish(meta)
     return JobResult(
         run_id=spec.run_id,
@@ -210,22 +220,33 @@ def _stop_later(gate, after_s: float | None):
     return timer
 
 
+def driver_paths(spec: JobSpec) -> JobSpec:
+    """`spec` with the paths the driver and the Gate open made absolute (the Gate runs on the
+    driver's node, in its node's working directory): results (the run folder and the Gate's
+    journal), the replicas' control folders and the latency fit. Not the engine config: the
+    summarizers open it on every node."""
+    absolute = os.path.abspath
+    return replace(
+        spec,
+        results=absolute(spec.results),
+        engine_state_dir=absolute(spec.engine_state_dir),
+        latency_model=absolute(spec.latency_model) if spec.latency_model else None,
+    )
+
+
 def _init_ray():
-    import ray
+    """Join the cluster `RAY_ADDRESS` names or start Ray here (`pipelines/ray_session.py`), and
+    set Ray Data up for the run; returns the session, whose `close()` the run calls at its end."""
     from ray.data import DataContext
 
-    if not ray.is_initialized():
-        ray.init(
-            address=os.environ.get("RAY_ADDRESS"),
-            include_dashboard=False,
-            log_to_driver=False,
-            logging_level=logging.WARNING,
-        )
+    from pipelines.ray_session import open_ray
+
+    session = open_ray()
     logging.getLogger("ray.data").setLevel(logging.WARNING)
     ctx = DataContext.get_current()
     ctx.enable_progress_bars = False  # the run draws its own progress
     ctx.execution_options.preserve_order = False
-    return ray
+    return session
 
 
 def _status_targets(spec: JobSpec) -> dict:
@@ -242,7 +263,7 @@ def _start_gate(spec: JobSpec, engine: EngineConfig, journal: Path):
     from serving.replica_targets import configured_fit, control_targets
 
     fit = None if spec.latency_model else configured_fit(spec.engine_config, engine)
-    latency_model = spec.latency_model or (str(fit) if fit else None)
+    latency_model = spec.latency_model or (os.path.abspath(fit) if fit else None)
 
     # ITL from the engine's histogram even where chat streams its gaps to the Gate: that is what
     # the run's SLO windows are judged by (sql/slo_windows.sql), and client gaps carry host noise.

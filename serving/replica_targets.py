@@ -86,13 +86,15 @@ def control_targets(
     headers: tuple[tuple[str, str], ...] = (),
 ) -> dict[str, ControlTarget]:
     """Where each (name, url) replica takes its control document: the control folder of a
-    replica recorded under `state_dir`, else its control route."""
+    replica recorded under `state_dir`, else its control route. Folders are absolute: the Gate
+    that writes them runs in a Ray worker, whose working directory is not the caller's."""
     recorded = ReplicaSet(state_dir).load()
     out = {}
     for name, url in replicas:
         found = _find(recorded, url) or _find(recorded, name)
         if found is not None:
-            out[name] = ControlTarget(name, folder=found.control_dir, base_url=found.base_url)
+            folder = found.control_dir.absolute()
+            out[name] = ControlTarget(name, folder=folder, base_url=found.base_url)
         else:
             out[name] = ControlTarget(name, base_url=url, api_key=api_key, headers=headers)
     return out

@@ -38,6 +38,17 @@ def group_members(pgid: int) -> set[int]:
     return members
 
 
+def session_members(sid: int) -> set[int]:
+    """Every live process of session `sid`: a process group and the groups its members made
+    (Ray's raylet starts each worker in a process group of its own, in the same session)."""
+    members = set()
+    for d in Path("/proc").glob("[0-9]*"):
+        fields = _stat(int(d.name))
+        if fields is not None and int(fields[3]) == sid and fields[0] != "Z":
+            members.add(int(d.name))
+    return members
+
+
 def alive(pids: set[int]) -> set[int]:
     """Those of `pids` still running (a zombie has exited and holds nothing but its entry)."""
     return {p for p in pids if (f := _stat(p)) is not None and f[0] != "Z"}

@@ -1,0 +1,101 @@
+"""Which Ray a run's driver uses, and what of it the run stops when it ends.
+
+Ray's rule for `ray.init`: a driver that joins a running cluster (an address, or `RAY_ADDRESS`,
+which `ray job submit` sets for its entrypoint) must not pass what belongs to a node (`num_cpus`,
+`num_gpus`, `resources`, `labels`, `object_store_memory`, `_system_config`): `ray start` fixed
+those when the node started, and Ray refuses them from a joining driver. The run passes none of
+them either way, and passes `include_dashboard` only when it starts Ray itself.
+
+A run stops only what it started:
+
+- it joined a cluster: at the end it disconnects its driver. Ray then ends the run's job, and with
+  it any actor the job still owns (the Gate, Ray Data's pools) on whatever node it runs; the
+  cluster's nodes, and other jobs on them, keep running. A connected driver's `ray.shutdown()`
+  never stops a node it did not start.
+- it started Ray on this host (no address): that instance stays up for the life of the process,
+  for the next run in it (a benchmark runs several back to back), and Ray's exit hook stops it
+  with the process.
+- its caller had initialized Ray already: the caller's to stop.
+
+Ray Client addresses (`ray://...`) are refused: a client's driver runs off the cluster, while the
+Gate runs on the driver's node and writes the run's request journal into the run folder there.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+ADDRESS_ENV = "RAY_ADDRESS"
+
+
+class RayAddressError(ValueError):
+    """A Ray address the run cannot use; the message says what to use instead."""
+
+
+def ray_address(environ: Mapping[str, str] | None = None) -> str | None:
+    """The address the run's `ray.init` gets: `RAY_ADDRESS`, or None (start Ray here) when it is
+    unset or empty. Checked: see `check_ray_address`."""
+    environ = os.environ if environ is None else environ
+    address = environ.get(ADDRESS_ENV, "").strip() or None
+    check_ray_address(address)
+    return address
+
+
+def check_ray_address(address: str | None) -> None:
+    if address is not None and address.startswith("ray://"):
+        raise RayAddressError(
+            f"{ADDRESS_ENV}={address}: Ray Client runs the run's driver off the cluster, but the "
+            "Gate runs on the driver's node and writes the run folder's journal there. Submit the "
+            "run with `ray job submit` (docs/operations.md, 'Ray cluster'), or run it on a "
+            f"cluster node with {ADDRESS_ENV}=HEAD:6379 (the head's GCS address) or auto"
+        )
+
+
+def joins_cluster(address: str | None) -> bool:
+    """Whether `ray.init(address=address)` joins a running cluster rather than starting Ray here
+    (`local` asks Ray for a new local instance)."""
+    return address is not None and address != "local"
+
+
+def init_kwargs(address: str | None) -> dict:
+    """`ray.init`'s arguments for the run's driver: driver settings only when joining a cluster
+    (Ray refuses node settings from a joining driver)."""
+    kwargs: dict = {"address": address, "log_to_driver": False, "logging_level": logging.WARNING}
+    if not joins_cluster(address):
+        kwargs["include_dashboard"] = False  # a node setting: only where this driver starts Ray
+    return kwargs
+
+
+@dataclass(frozen=True)
+class RaySession:
+    """The run's hold on Ray: `close()` disconnects the driver only when this session joined a
+    running cluster itself (see the module's docstring for why nothing else is stopped)."""
+
+    address: str | None
+    connected_here: bool
+    """Whether this session called `ray.init` (False: its caller had)."""
+
+    @property
+    def disconnects(self) -> bool:
+        return self.connected_here and joins_cluster(self.address)
+
+    def close(self) -> None:
+        if self.disconnects:
+            import ray
+
+            ray.shutdown()
+
+
+def open_ray(environ: Mapping[str, str] | None = None) -> RaySession:
+    """Join the cluster `RAY_ADDRESS` names, or start Ray here without one; an already
+    initialized Ray is used as it is."""
+    import ray
+
+    if ray.is_initialized():
+        return RaySession(address=None, connected_here=False)
+    address = ray_address(environ)
+    ray.init(**init_kwargs(address))
+    return RaySession(address=address, connected_here=True)

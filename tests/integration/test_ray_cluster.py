@@ -1,0 +1,102 @@
+"""A night on a real two-node Ray cluster: separate `ray start` processes, a real replica.
+
+The run joins the cluster through `RAY_ADDRESS` as a submitted job's entrypoint does; the Gate runs
+on the driver's node, the summarizers on both; every document is summarized once; at the end the
+run's own actors and driver are gone and the cluster is still up.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+import ray
+
+from pipelines.gate import gate_name
+from pipelines.job import run_job
+from tests.faults.processes import session_members
+from tests.integration.ray_cluster import ray_cluster
+from tests.integration.test_pipeline import spec_for, write_corpus
+from warehouse.run_files import read_table
+
+pytestmark = pytest.mark.engine
+REPO = Path(__file__).resolve().parents[2]
+
+
+def node_env() -> dict:
+    """A node's environment as a team's would be: the checkout's code and environment first."""
+    env = dict(os.environ)
+    env.pop("RAY_ADDRESS", None)
+    env["PYTHONPATH"] = str(REPO)
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
+    env["RAY_USAGE_STATS_ENABLED"] = "0"
+    # Explicit, or the head turns token auth on by itself wherever ~/.ray/auth_token exists (a
+    # local `ray.init` writes one) while a node joining by address does not, and cannot join.
+    env["RAY_AUTH_MODE"] = "disabled"
+    return env
+
+
+def test_a_night_spreads_over_two_nodes_and_leaves_the_cluster_up(
+    tiny_replica, tmp_path: Path, monkeypatch
+) -> None:
+    if ray.is_initialized():  # a local Ray an earlier module left up: this run must join
+        ray.shutdown()
+    node_cwd = tmp_path / "node-cwd"
+    driver_cwd = tmp_path / "driver"
+    node_cwd.mkdir()
+    driver_cwd.mkdir()
+    doc_ids = write_corpus(tmp_path / "corpus.parquet", docs=8, lo=300, hi=900, seed=11)
+    with ray_cluster(node_env(), node_cwd) as cluster:
+        monkeypatch.setenv("RAY_ADDRESS", cluster.address)
+        monkeypatch.chdir(driver_cwd)  # relative results: resolved on the driver, not the Gate
+        spec = spec_for(tmp_path / "corpus.parquet", [tiny_replica], Path("results"), "two-nodes")
+        result = run_job(spec)
+
+        assert not ray.is_initialized()  # the run disconnected the driver it connected
+        run_dir = driver_cwd / "results" / "runs" / "two-nodes"
+        assert result.run_dir == run_dir and result.docs_done == len(doc_ids)
+        summaries = read_table(run_dir, "summaries").column("doc_id").to_pylist()
+        assert sorted(summaries) == sorted(doc_ids)  # every document exactly once
+        assert set(read_table(run_dir, "documents").column("status").to_pylist()) == {"done"}
+        assert not any(node_cwd.iterdir())  # nothing written where the nodes run
+
+        assert all(node.running() for node in cluster.nodes)  # the run stopped no node
+        placed, alive_nodes, run_job_dead = _cluster_view(cluster.address, "two-nodes")
+        names = {n.name for n in cluster.nodes}
+        assert set(alive_nodes.values()) == names
+        gate = [a for a in placed if a["Name"] == gate_name("two-nodes")]
+        assert len(gate) == 1 and alive_nodes[gate[0]["node"]] == cluster.head.name
+        summarizers = [a for a in placed if "Summarize" in a["ActorClassName"]]
+        assert {alive_nodes[a["node"]] for a in summarizers} == names
+        # Every actor of the run is gone. Ray Data's own detached singletons (its stats and
+        # autoscaling coordinators) serve every Ray Data job of the cluster: not the run's.
+        owned = [a for a in placed if not a["IsDetached"]]
+        assert gate[0] in owned and all(a in owned for a in summarizers)
+        assert [a["ActorClassName"] for a in owned if a["State"] != "DEAD"] == []
+        assert run_job_dead
+    assert not any(session_members(n.process.pid) for n in cluster.nodes)
+
+
+def _cluster_view(address: str, run_id: str):
+    """The run's actors (with the node each ran on), the cluster's live nodes by id and their
+    names, and whether the run's job has ended, read from the cluster's GCS by a new driver.
+    (Ray's state API, `ray.util.state`, is served by the dashboard, which `ray[data]` lacks.)"""
+    from ray._private import state
+
+    ray.init(address=address, log_to_driver=False)
+    try:
+        me = ray.get_runtime_context().get_job_id()
+        nodes = {
+            n["NodeID"]: next(r for r in n["Resources"] if r.startswith("ns_"))
+            for n in ray.nodes()
+            if n["Alive"]
+        }
+        actors = list(state.actors().values())
+        run_job_id = next(a["JobID"] for a in actors if a["Name"] == gate_name(run_id))
+        placed = [a | {"node": a["Address"]["NodeID"]} for a in actors if a["JobID"] == run_job_id]
+        jobs = {j["JobID"]: j for j in state.jobs() if j["JobID"] != me}
+        return placed, nodes, jobs[run_job_id]["IsDead"]
+    finally:
+        ray.shutdown()
