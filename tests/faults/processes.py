@@ -30,21 +30,21 @@ def descendants(pid: int) -> set[int]:
 
 def group_members(pgid: int) -> set[int]:
     """Every live process of process group `pgid`."""
-    members = set()
-    for d in Path("/proc").glob("[0-9]*"):
-        fields = _stat(int(d.name))
-        if fields is not None and int(fields[2]) == pgid and fields[0] != "Z":
-            members.add(int(d.name))
-    return members
+    return _members(2, pgid)
 
 
 def session_members(sid: int) -> set[int]:
     """Every live process of session `sid`: a process group and the groups its members made
     (Ray's raylet starts each worker in a process group of its own, in the same session)."""
+    return _members(3, sid)
+
+
+def _members(field: int, value: int) -> set[int]:
+    """Live processes whose /proc stat field `field` (after the name) equals `value`."""
     members = set()
     for d in Path("/proc").glob("[0-9]*"):
         fields = _stat(int(d.name))
-        if fields is not None and int(fields[3]) == sid and fields[0] != "Z":
+        if fields is not None and int(fields[field]) == value and fields[0] != "Z":
             members.add(int(d.name))
     return members
 
