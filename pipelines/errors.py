@@ -10,3 +10,8 @@ class GateLost(RuntimeError):
     """The run's Gate actor died mid-attempt (its process killed, its node lost). The attempt ends:
     what finished is kept, the requests the Gate had granted are recorded as killed, and the
     same run id resumes the rest (the flow retries the pipeline once by itself)."""
+
+
+class LeaseLapsed(RuntimeError):
+    """A worker asked for a seat and fell silent past its lease (`pipelines/seat_leases.py`): it
+    is taken for dead, and its calls still waiting at the Gate get no seat."""

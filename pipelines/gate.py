@@ -34,7 +34,7 @@ from typing import Any
 
 import ray
 
-from pipelines.errors import RunStopped
+from pipelines.errors import LeaseLapsed, RunStopped
 from pipelines.gate_metrics import GateMetrics
 from pipelines.gate_setup import (
     GateConfig,
@@ -44,7 +44,8 @@ from pipelines.gate_setup import (
     plugin_sensor,
     sensor_window_s,
 )
-from pipelines.request_journal import RequestJournal
+from pipelines.request_journal import WORKER_DIED_IN_FLIGHT, RequestJournal
+from pipelines.seat_leases import SeatLeases
 from scheduler.admission import BatchInFlight, Decision, Observation
 from scheduler.budget_controller import BudgetControllerConfig
 from serving import engine_control
@@ -83,6 +84,9 @@ class _Held:
     prompt_tokens: int
     prefilled_tokens: int = 0
     output_tokens: int = 0
+    holder: str | None = None
+    """The worker holding it, whose lease keeps it (`pipelines/seat_leases.py`); None: no lease,
+    held until released."""
 
 
 @dataclass
@@ -122,6 +126,7 @@ class GateActor:
         self.journal = RequestJournal(config.journal) if config.journal is not None else None
         """Every grant and release, written before it takes effect (pipelines/request_journal)."""
         self.replicas = {name: _Replica(name, url) for name, url in replicas}
+        self.leases = SeatLeases(config.lease_s)
         if not self.replicas:
             raise ValueError("a Gate needs at least one replica (name, base_url)")
         self.slo = config.slo
@@ -147,7 +152,7 @@ class GateActor:
         self._rows: list[dict] = []
         self._ids = itertools.count(1)
         self._counts = {"granted": 0, "released": 0, "failed": 0, "polls": 0, "sensor_errors": 0,
-                        "control_errors": 0}  # fmt: skip
+                        "control_errors": 0, "expired": 0}  # fmt: skip
         self._waiting = 0
         self._steps_exported = 0
         self._cond = asyncio.Condition()  # binds to the actor's loop on first use
@@ -164,12 +169,19 @@ class GateActor:
         max_tokens: int = 0,
         timeout_s: float | None = None,
         stage: str | None = None,
+        holder: str | None = None,
     ) -> Permit:
         """Wait for a seat under the current caps and take it on the replica with most headroom.
 
-        Raises at once (and wakes waiters to raise) when no replica is up or none could ever hold
-        the request's KV; raises TimeoutError after `timeout_s` without a seat."""
+        A `holder` (the asking worker's id) holds the seat on a lease it renews with `heartbeat`;
+        without one the seat is held until released. A dead worker's calls still wait here (Ray
+        does not cancel them): once its lease lapsed they raise LeaseLapsed rather than take a
+        seat nobody would use or give back. Raises at once (and wakes waiters to raise)
+        when no replica is up or none could ever hold the request's KV; raises TimeoutError after
+        `timeout_s` without a seat."""
         await self._start()
+        if holder is not None:
+            self.leases.renew(holder, time.monotonic())
         kv_tokens = prompt_tokens + max_tokens
         self._waiting += 1
         try:
@@ -178,9 +190,11 @@ class GateActor:
                     if self._stopped:
                         raise RunStopped(f"run stopped: {self._stopped}")
                     self._check_can_ever_fit(kv_tokens)
+                    if holder is not None and holder not in self.leases:
+                        raise LeaseLapsed(f"the seat lease of {holder} lapsed; it asks no more")
                     replica = self._route(prompt_tokens, kv_tokens)
                     if replica is not None:
-                        return self._grant(replica, doc_id, prompt_tokens, kv_tokens, stage)
+                        return self._grant(replica, doc_id, prompt_tokens, kv_tokens, stage, holder)
                     await self._cond.wait()
         except TimeoutError:
             raise TimeoutError(
@@ -246,6 +260,11 @@ class GateActor:
         """Whether requests in flight should be cancelled (see `stop`)."""
         return self._abort
 
+    async def heartbeat(self, holder: str) -> bool:
+        """`aborted`, from a worker that holds seats on a lease: renews its lease."""
+        self.leases.renew(holder, time.monotonic())
+        return self._abort
+
     async def mark_down(self, replica: str) -> None:
         """A replica died: grant nothing more there. Its permits stay until released."""
         await self._start()
@@ -298,7 +317,9 @@ class GateActor:
         return self._caps()
 
     async def _poll(self) -> None:
-        """One control step: observe, decide per replica, record, wake waiters."""
+        """One control step: take back lapsed seats, observe, decide per replica, record, wake
+        waiters."""
+        self._expire_leases()
         observations = await self._observe()
         for r in self.replicas.values():
             if r.up:
@@ -405,6 +426,22 @@ class GateActor:
             self._counts["control_errors"] += 1
             log.warning("%s: control document not delivered (%s)", r.name, exc)
 
+    def _expire_leases(self) -> None:
+        """Release the seats of every holder whose lease lapsed: its worker died holding them."""
+        for holder in self.leases.expired(time.monotonic()):
+            for r in self.replicas.values():
+                lapsed = [pid for pid, h in r.held.items() if h.holder == holder]
+                for permit_id in lapsed:
+                    del r.held[permit_id]
+                    if self.journal is not None:
+                        self.journal.released(permit_id, None, WORKER_DIED_IN_FLIGHT)
+                self._counts["expired"] += len(lapsed)
+                if lapsed:
+                    log.warning(
+                        "worker %s unheard of for %.0f s: its %d seat(s) on %s released",
+                        holder, self.leases.lease_s, len(lapsed), r.name,
+                    )  # fmt: skip
+
     # -- routing ----------------------------------------------------------------------------
 
     def _route(self, prompt_tokens: int, kv_tokens: int) -> _Replica | None:
@@ -444,7 +481,13 @@ class GateActor:
             )
 
     def _grant(
-        self, r: _Replica, doc_id: str, prompt_tokens: int, kv_tokens: int, stage: str | None
+        self,
+        r: _Replica,
+        doc_id: str,
+        prompt_tokens: int,
+        kv_tokens: int,
+        stage: str | None,
+        holder: str | None,
     ) -> Permit:
         permit = Permit(
             permit_id=f"{self.run_id}-{next(self._ids)}",
@@ -454,7 +497,9 @@ class GateActor:
             priority=BATCH_PRIORITY,
             granted_at=time.time(),
         )
-        r.held[permit.permit_id] = _Held(permit, prompt_tokens, 0, kv_tokens - prompt_tokens)
+        r.held[permit.permit_id] = _Held(
+            permit, prompt_tokens, 0, kv_tokens - prompt_tokens, holder
+        )
         r.granted_kv_tokens += kv_tokens
         self._counts["granted"] += 1
         if self.journal is not None:

@@ -8,17 +8,23 @@ from serving.client import ClientConfig, StreamingClient
 
 
 class RayGateClient:
-    """The run's Gate actor behind plain async methods (a Ray ObjectRef is awaitable)."""
+    """The run's Gate actor behind plain async methods (a Ray ObjectRef is awaitable).
 
-    def __init__(self, handle, acquire_timeout_s: float | None = None) -> None:
+    With a `holder` (the worker's id) its seats are held on a lease that `aborted`, polled by the
+    worker, renews (`pipelines/seat_leases.py`): a worker that dies gives its seats back."""
+
+    def __init__(
+        self, handle, acquire_timeout_s: float | None = None, holder: str | None = None
+    ) -> None:
         self._gate = handle
         self._timeout = acquire_timeout_s
+        self._holder = holder
 
     async def acquire(
         self, doc_id: str, prompt_tokens: int, max_tokens: int, stage: str | None = None
     ):
         return await self._gate.acquire.remote(
-            doc_id, prompt_tokens, max_tokens, self._timeout, stage
+            doc_id, prompt_tokens, max_tokens, self._timeout, stage, self._holder
         )
 
     async def release(self, permit_id: str, row: dict, gaps: list[dict]) -> None:
@@ -28,7 +34,9 @@ class RayGateClient:
         await self._gate.mark_down.remote(replica)
 
     async def aborted(self) -> bool:
-        return await self._gate.aborted.remote()
+        if self._holder is None:
+            return await self._gate.aborted.remote()
+        return await self._gate.heartbeat.remote(self._holder)
 
     async def prefilled(self, permit_id: str, tokens: int) -> None:
         await self._gate.progress.remote(permit_id, tokens, tokens)

@@ -13,6 +13,7 @@ from typing import Any
 
 import httpx
 
+from pipelines.seat_leases import DEFAULT_LEASE_S
 from scheduler.admission import AdmissionPolicy
 from scheduler.budget_controller import BudgetControllerConfig
 from scheduler.latency_model import LatencyModel
@@ -201,6 +202,8 @@ class GateConfig:
     journal: str | Path | None = None
     """File the Gate appends every grant and release to, before it takes effect
     (`pipelines/request_journal.py`); the run folder's, so the Gate runs on the driver's node."""
+    lease_s: float = DEFAULT_LEASE_S
+    """How long a worker's seats outlive its last word (`pipelines/seat_leases.py`)."""
 
     def __post_init__(self) -> None:
         if self.slo is None:  # callers pass slo=None for "the default SLO"
@@ -215,5 +218,8 @@ class GateConfig:
     def check(self) -> None:
         """Raise ValueError naming the setting and the fix for anything the Gate would refuse."""
         self.build_policy()
+        if not self.lease_s > 0:
+            raise ValueError(f"lease_s {self.lease_s} must be positive seconds; the default is "
+                             f"{DEFAULT_LEASE_S}")  # fmt: skip
         check_interval(self.policy, self.controller, self.interval_s)
         check_sensor_spec(self.sensor or {})

@@ -23,6 +23,7 @@ from typing import IO
 
 KILLED_IN_FLIGHT = "killed: in flight when the run's process died"
 GATE_DIED_IN_FLIGHT = "killed: in flight when the run's Gate died"
+WORKER_DIED_IN_FLIGHT = "killed: in flight when its worker died (its seat lease lapsed)"
 CANCELLED_IN_FLIGHT = "cancelled: in flight when the run was stopped"
 KILLED_UNFINISHED = (
     "killed: the run stopped before document {doc_id} finished (request ended {status})"
@@ -53,8 +54,13 @@ class RequestJournal:
             }
         )
 
-    def released(self, permit_id: str, row: dict | None) -> None:
-        self._write({"event": "released", "permit_id": permit_id, "row": row})
+    def released(self, permit_id: str, row: dict | None, reason: str | None = None) -> None:
+        """A permit given back: with its request's record, or without one and why (None: the
+        run was stopped with it in flight)."""
+        event = {"event": "released", "permit_id": permit_id, "row": row}
+        if reason is not None:
+            event["reason"] = reason
+        self._write(event)
 
     def close(self) -> None:
         if self._file is not None:
@@ -90,14 +96,17 @@ def unrecorded_requests(
     outcome. A permit released with its record becomes that record; one granted and never
     released (or released without a record, as an abort does) becomes a cancelled row from what
     the grant knew, its error `killed` for one never released (what ended the attempt, when the
-    caller knows it). Pure: the caller reads the journal and writes the rows."""
+    caller knows it), the release's reason for one released without a record. Pure: the caller reads the journal and writes the rows."""
     granted: dict[str, dict] = {}
     released: dict[str, dict | None] = {}
+    reasons: dict[str, str] = {}
     for e in events:
         if e.get("event") == "granted":
             granted[e["permit_id"]] = e
         elif e.get("event") == "released":
             released[e["permit_id"]] = e.get("row")
+            if e.get("reason"):
+                reasons[e["permit_id"]] = e["reason"]
     rows = []
     for permit_id, grant in granted.items():
         row = released.get(permit_id)
@@ -126,7 +135,8 @@ def unrecorded_requests(
                 "output_tokens": 0,
                 "t_submit": grant["t"],
                 "status": "cancelled",
-                "error": CANCELLED_IN_FLIGHT if permit_id in released else killed,
+                "error": reasons.get(permit_id)
+                or (CANCELLED_IN_FLIGHT if permit_id in released else killed),
             }
         )
     return rows

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+import uuid
 
 import numpy as np
 import pyarrow as pa
@@ -74,7 +75,9 @@ class Summarize:
         tokenizer = tokenizer_for(engine, replica_url)
         self.run_id = run_id
         self.job = DocumentJob(
-            gate=RayGateClient(ray.get_actor(gate_name(run_id)), cfg.acquire_timeout_s),
+            gate=RayGateClient(
+                ray.get_actor(gate_name(run_id)), cfg.acquire_timeout_s, holder=_worker_id(ray)
+            ),
             clients=HttpClientPool(
                 engine.model.served_name, run_id, headers=(auth or ReplicaAuth()).http_headers()
             ),
@@ -95,11 +98,20 @@ class Summarize:
         return {c: [outcome_row(o)[c] for o in rows] for c in OUTCOME_COLUMNS}
 
     async def _watch_abort(self, every_s: float = 0.5) -> None:
-        """Poll the Gate so requests in flight are cancelled soon after the run aborts."""
+        """Poll the Gate so requests in flight are cancelled soon after the run aborts; each poll
+        also renews this worker's seat lease, so the Gate takes back the seats of a worker that
+        dies (`pipelines/seat_leases.py`)."""
         while not self.job.abort.is_set():
             if await self.job.gate.aborted():
                 self.job.abort.set()
             await asyncio.sleep(every_s)
+
+
+def _worker_id(ray) -> str:
+    """This worker's holder id at the Gate: its Ray actor id and a part new to this process. Ray
+    restarts a dead actor under the same actor id; the restarted one must not renew the lease of
+    the seats its dead predecessor held."""
+    return f"{ray.get_runtime_context().get_actor_id()}-{uuid.uuid4().hex[:8]}"
 
 
 def outcome_row(o: DocOutcome) -> dict:

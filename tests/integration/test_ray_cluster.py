@@ -62,10 +62,6 @@ def cluster(node_cwd):
     assert not any(left.values()), f"processes of the cluster left running: {left}"
 
 
-@pytest.mark.xfail(
-    strict=False,
-    reason="under a loaded host a summarizer actor died once and the night hung on its seats (the known lost-seat bug)",
-)
 def test_a_night_spreads_over_two_nodes_and_leaves_the_cluster_up(
     cluster, node_cwd: Path, tiny_replica, tmp_path: Path, monkeypatch
 ) -> None:

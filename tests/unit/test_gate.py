@@ -15,6 +15,7 @@ import ray.cloudpickle
 
 from pipelines.gate import BATCH_PRIORITY, GateActor, gate_name, start_gate
 from pipelines.gate_setup import GateConfig, build_policy, build_sensor
+from pipelines.request_journal import WORKER_DIED_IN_FLIGHT, read_events
 from scheduler import control_document
 from scheduler.admission import Decision, Observation
 from scheduler.budget_controller import BudgetControllerConfig
@@ -380,3 +381,27 @@ def test_the_gate_takes_its_settings_as_one_frozen_config():
         GateActor("cfg", REPLICAS[:1], config, policy="none")
     with pytest.raises(ValueError, match="stale_after_s"):
         GateConfig(latency_model=MODEL, interval_s=30.0).check()
+
+
+def test_the_seats_of_a_worker_that_falls_silent_are_taken_back(gates, tmp_path):
+    journal = tmp_path / "journal.jsonl"
+    gate = gates("lease", [{"r0": {"kv_usage": 0.1}}], replicas=REPLICAS[:1], policy="static",
+                 static_caps=(2, 1024), lease_s=1.0, journal=journal)  # fmt: skip
+    dead = [ray.get(gate.acquire.remote(f"d{i}", 100, 0, None, "whole", "w-dead")) for i in (0, 1)]
+    dead_waiting = gate.acquire.remote("d9", 100, 0, None, "whole", "w-dead")  # its caller died
+    last_word = time.monotonic()
+    waiting = gate.acquire.remote("d2", 100, 0, None, "whole", "w-alive")
+    while not ready([waiting], timeout=0.1):  # polls well within half a lease apart
+        assert ray.get(gate.heartbeat.remote("w-alive")) is False  # only the living renew
+        ray.get(gate.poll_now.remote())
+        assert time.monotonic() - last_word < 10.0, "the silent worker's seats were never freed"
+    assert time.monotonic() - last_word >= 1.0  # not before its lease lapsed
+    assert ray.get(waiting).replica == "r0"
+    with pytest.raises(ray.exceptions.RayTaskError, match="lease of w-dead lapsed"):
+        ray.get(dead_waiting, timeout=10.0)  # no seat for a dead worker's leftover call
+    stats = ray.get(gate.stats.remote())
+    assert (stats["expired"], stats["in_flight"]["r0"]) == (2, 1)
+    assert not ray.get(gate.release.remote(dead[0].permit_id))  # a late release is a no-op
+    ray.get(gate.close.remote())
+    lapsed = [e for e in read_events(journal) if e.get("reason") == WORKER_DIED_IN_FLIGHT]
+    assert sorted(e["permit_id"] for e in lapsed) == sorted(p.permit_id for p in dead)

@@ -7,6 +7,7 @@ from pathlib import Path
 from pipelines.request_journal import (
     GATE_DIED_IN_FLIGHT,
     KILLED_IN_FLIGHT,
+    WORKER_DIED_IN_FLIGHT,
     RequestJournal,
     read_events,
     unrecorded_requests,
@@ -83,3 +84,13 @@ def test_what_ended_the_attempt_names_the_requests_never_released(tmp_path: Path
     rows = {r["request_id"]: r for r in store.recover_journal(GATE_DIED_IN_FLIGHT)}
     assert rows["p3"]["error"] == GATE_DIED_IN_FLIGHT and rows["p3"]["status"] == "cancelled"
     assert rows["q2"]["error"].startswith("killed: the run stopped before document half-doc")
+
+
+def test_a_permit_given_back_without_a_record_keeps_the_reason_it_was_given_back() -> None:
+    events = [
+        {"event": "granted", "permit_id": "p1", "doc_id": "d", "stage": "whole", "replica": "a",
+         "prompt_tokens": 5, "t": 1.0},
+        {"event": "released", "permit_id": "p1", "row": None, "reason": WORKER_DIED_IN_FLIGHT},
+    ]  # fmt: skip
+    (row,) = unrecorded_requests("r", events, recorded=set(), finished_docs={"d"})
+    assert (row["status"], row["error"]) == ("cancelled", WORKER_DIED_IN_FLIGHT)
