@@ -3,34 +3,32 @@
 Starts a cpu-small replica, plays production-shaped chat against it, runs the nightly flow with the
 SLO controller on a sample corpus, and prints what a platform team would look at in the morning:
 chat latency against the SLO, batch documents and tokens/s, cost, where the DuckDB file and the
-HTML report are. Everything it starts it stops, on Ctrl-C too.
+HTML report are. `--long` (`make demo-long`) does the same on cpu-long with a handful of ~80k-token
+documents, each summarized whole, and reports each SLO window, each document and the replica's
+preemptions too (flows/demo_variants.py). Everything it starts it stops, on Ctrl-C too.
 """
 
 from __future__ import annotations
 
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
-CONFIG = Path("engine_configs/cpu-small.yaml")
-FIT = Path("engine_configs/fits/cpu-small.json")
-# On a CPU without native bf16, cpu-small's bf16 runs several times slower than float32 there
-# (serving/cpu_features.py): the demo takes its float32 twin, fitted on such a host.
-CONFIG_FP32 = Path("engine_configs/cpu-small-fp32.yaml")
-FIT_FP32 = Path("engine_configs/fits/cpu-small-fp32.json")
+from flows.demo_report import print_morning_report
+from flows.demo_variants import Demo, DemoRefused, host_config, parse_demo
+
 RESULTS = Path("results")
-DOCS, MIN_TOKENS, MAX_TOKENS = 16, 1500, 8000
 CHAT_RATE, CHAT_SCALE, BASELINE_S = 1.0, 0.1, 20.0
-SECTION_TOKENS = 1024
-"""The demo summarizes in map-reduce sections: cpu-small's attention cost grows with a chunk's
-prefix ~25x faster than a 70B replica's, so at the demo's tight SLO a chunk a few thousand tokens
-into a whole document gets almost no step time and the demo would outlast its minutes. Whole
-documents at the mission's scale run on the long-context stand-in, cpu-long."""
-SUMMARIZE_S = 300.0
-"""The night's deadline: documents not done by then are reported as stopped, not waited for."""
 
 
-def main() -> int:
+def main(argv: Sequence[str] | None = None) -> int:
+    demo = parse_demo(sys.argv[1:] if argv is None else argv)
+    try:
+        config_path, fit_path = config_for_this_host(demo)
+    except DemoRefused as exc:
+        print(f"{demo.name}: {exc}", file=sys.stderr)
+        return 2
     from bench.chat_load import ChatLoadSpec
     from bench.chat_sessions import ChatShape
     from bench.chat_thread import ChatLoadThread
@@ -42,24 +40,27 @@ def main() -> int:
     from serving.launcher import ReplicaSet, free_port
     from serving.tokenizer import tokenizer_for
 
-    config_path, fit_path = host_config()
     config = load_engine_config(config_path)
     tokenizer = tokenizer_for(config)
-    run_id = time.strftime("demo-%Y%m%d-%H%M%S")
-    spec = CorpusSpec(docs=DOCS, min_tokens=MIN_TOKENS, max_tokens=MAX_TOKENS, seed=0)
-    corpus = write_corpus(make_corpus(spec, tokenizer), RESULTS / "demo" / "corpus.parquet")
-    print(f"corpus: {DOCS} documents of {MIN_TOKENS}-{MAX_TOKENS} tokens at {corpus}")
+    run_id = time.strftime(f"{demo.name}-%Y%m%d-%H%M%S")
+    docs, low, high = demo.docs, demo.min_tokens, demo.max_tokens
+    spec = CorpusSpec(docs=docs, min_tokens=low, max_tokens=high, seed=0)
+    corpus = write_corpus(make_corpus(spec, tokenizer), RESULTS / demo.name / "corpus.parquet")
+    print(f"corpus: {docs} documents of {low}-{high} tokens at {corpus}")
     port = free_port()
     print(f"starting {config.name} on port {port} (about a minute) ...", flush=True)
     shape = ChatShape().scaled(CHAT_SCALE)
+    preempted = None
     with ReplicaSet(RESULTS / "engines").running(config, str(config_path), port) as started:
         replicas = [(r.name, r.base_url) for r in started]
+        urls = [url for _, url in replicas]
         # This machine's SLO: 3x what chat alone gets here, measured now (bench/slo_baseline.py).
         print(f"chat alone for {BASELINE_S:.0f} s, to set this machine's SLO ...", flush=True)
         alone = ChatLoadSpec(shape=shape, rate=CHAT_RATE, duration_s=BASELINE_S, seed=1)
         fit = LatencyModel.from_json(fit_path)
         measured = measure_slo(replicas, config, tokenizer, alone, f"{run_id}-alone", fit)
         slo = print_slo(measured)
+        before = preemptions(urls) if demo.itemized else None
         chat = ChatLoadThread(
             replicas,
             config.model.served_name,
@@ -72,21 +73,21 @@ def main() -> int:
             out = nightly_summarization(
                 corpus=str(corpus),
                 engine_config=str(config_path),
-                replica_urls=[url for _, url in replicas],
+                replica_urls=urls,
                 run_id=run_id,
                 results=str(RESULTS),
                 policy="slo",
                 latency_model=str(fit_path),
                 slo=slo,
-                pipeline=default_pipeline(config).model_copy(
-                    update={"mode": "map_reduce", "section_tokens": SECTION_TOKENS}
-                ),
-                stop_after_s=SUMMARIZE_S,
+                pipeline=default_pipeline(config).model_copy(update=demo.pipeline),
+                stop_after_s=demo.summarize_s,
             )
         finally:
             chat_result = chat.stop()
+        if before is not None:
+            preempted = (before, preemptions(urls))
     add_chat_and_reload(run_id, chat_result)
-    print_morning_report(run_id, out, slo)
+    print_morning_report(RESULTS, run_id, out, slo, demo, preempted)
     return 0
 
 
@@ -107,14 +108,27 @@ def print_slo(measured):
     return slo
 
 
-def host_config() -> tuple[Path, Path]:
-    """The engine config and latency fit for this host: cpu-small, or its float32 twin."""
+def config_for_this_host(demo: Demo) -> tuple[Path, Path]:
+    """`demo`'s engine config and latency fit on this CPU (flows.demo_variants.host_config)."""
     from serving.cpu_features import cpu_flags, lacks_native_bf16
 
-    if lacks_native_bf16(cpu_flags()):
-        print(f"this CPU has no native bf16: running {CONFIG_FP32.stem} (float32)", flush=True)
-        return CONFIG_FP32, FIT_FP32
-    return CONFIG, FIT
+    no_bf16 = lacks_native_bf16(cpu_flags())
+    config, fit = host_config(demo, no_bf16)
+    if no_bf16:
+        print(f"this CPU has no native bf16: running {config.stem} (float32)", flush=True)
+    return config, fit
+
+
+def preemptions(urls: list[str]) -> float:
+    """vLLM's `vllm:num_preemptions_total`, summed over the replicas, from their /metrics."""
+    import httpx
+
+    from serving.metrics import parse_metrics
+
+    return sum(
+        parse_metrics(httpx.get(f"{url}/metrics", timeout=10).text).counter("vllm:num_preemptions")
+        for url in urls
+    )
 
 
 def add_chat_and_reload(run_id: str, chat) -> None:
@@ -134,71 +148,6 @@ def add_chat_and_reload(run_id: str, chat) -> None:
     )
     load_results(RESULTS, [run_id])
     write_report(RESULTS, run_id)
-
-
-def print_morning_report(run_id: str, out: dict, slo) -> None:
-    """Chat latency against the SLO, batch progress and cost, from the warehouse."""
-    from rich.console import Console
-    from rich.table import Table
-
-    from warehouse.run_figures import run_figures
-
-    figures = run_figures(RESULTS, run_id)
-    db, latency, goodput, cost = figures.db, figures.latency, figures.goodput, figures.cost
-    console = Console(width=150)
-    table = Table(title=f"run {run_id}: latency (ms)")
-    for col in (
-        "class",
-        "requests",
-        "TTFT p50",
-        "p95",
-        "p99",
-        "ITL p50",
-        "p95",
-        "p99",
-        "E2E p50",
-        "p95",
-        "p99",
-    ):
-        table.add_column(col, justify="right")
-    for row in latency:
-        table.add_row(
-            row["class"],
-            str(row["requests"]),
-            *(_ms(row[f"{m}_p{q}_ms"]) for m in ("ttft", "itl", "e2e") for q in (50, 95, 99)),
-        )
-    console.print(table)
-    console.print(
-        f"SLO: chat ITL p99 ≤ {slo.chat_itl_p99_ms:.0f} ms, TTFT p99 ≤ "
-        f"{slo.chat_ttft_p99_ms:.0f} ms per {slo.window_s:.0f} s window: held in "
-        f"{goodput['windows_met']} of {goodput['windows']} windows (ITL judged by the replica's "
-        "own histogram, as the Gate reads it; the table's ITL is what the chat client saw)"
-    )
-    job = out["job"]
-    console.print(
-        f"batch: {job['docs_done']} documents done, {job['docs_failed']} failed; "
-        f"{goodput['batch_tokens_per_s']:,.0f} tokens/s, "
-        f"{goodput['slo_batch_tokens_per_s']:,.0f} tokens/s in windows that held the SLO, "
-        f"{goodput['documents_per_hour']:,.0f} documents/hour"
-    )
-    console.print(
-        f"cost: ${cost['cost_usd']:.4f} for the run, "
-        f"${cost['usd_per_1m_batch_tokens']:.3f} per 1M batch tokens, "
-        f"${cost['usd_per_document']:.5f} per document"
-    )
-    console.print(
-        f"\nDuckDB: {db}\n"
-        f'  .venv/bin/nightshift sql "SELECT class, ttft_p99_ms, itl_p99_ms FROM class_latency '
-        f"WHERE run_id = '{run_id}'\"\n"
-        f'  .venv/bin/nightshift sql "SELECT window_idx, class, itl_p99_ms, slo_met FROM '
-        f"slo_windows WHERE run_id = '{run_id}' ORDER BY window_idx\""
-    )
-    console.print(f"report: {out['report']['html']}")
-
-
-def _ms(value) -> str:
-    """A latency cell: NULL (a class without such figures, e.g. batch ITL) reads as a dash."""
-    return "–" if value is None or value != value else f"{value:.1f}"
 
 
 if __name__ == "__main__":

@@ -1,0 +1,110 @@
+"""The demo's two variants, `make demo` and `make demo-long`, and which engine config each runs here.
+
+Pure: what a variant is, how the command line picks one, and the config and fit it takes on a host
+with given CPU flags and fit files. `flows/demo.py` does the running.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+CONFIGS = Path("engine_configs")
+
+
+@dataclass(frozen=True)
+class Demo:
+    """One night of the demo: a replica, its corpus, how documents are cut, and the deadline."""
+
+    name: str
+    """Run ids start with it, and the corpus goes under `results/<name>/`."""
+    config: str
+    """Engine config stem under `engine_configs/`; its fit is `fits/<stem>.json`."""
+    config_fp32: str
+    """The float32 twin, for a CPU without native bf16 (serving/cpu_features.py)."""
+    docs: int
+    min_tokens: int
+    max_tokens: int
+    pipeline: dict = field(default_factory=dict)
+    """Settings over the engine config's default pipeline (`flows.nightly.default_pipeline`)."""
+    summarize_s: float = 300.0
+    """The night's deadline: documents not done by then are reported as stopped, not waited for."""
+    itemized: bool = False
+    """The morning report gives a row per SLO window and per document, and the replica's
+    preemptions before and after: worth it where there are a handful of each."""
+
+
+SHORT = Demo(
+    name="demo",
+    config="cpu-small",
+    config_fp32="cpu-small-fp32",
+    docs=16,
+    min_tokens=1500,
+    max_tokens=8000,
+    pipeline={"mode": "map_reduce", "section_tokens": 1024},
+)
+"""`make demo`, in map-reduce sections: cpu-small's attention cost grows with a chunk's prefix ~25x
+faster than a 70B replica's, so at the demo's tight SLO a chunk a few thousand tokens into a whole
+document gets almost no step time and the demo would outlast its minutes. Whole documents at the
+mission's scale run on the long-context stand-in, in `LONG`."""
+
+LONG = Demo(
+    name="demo-long",
+    config="cpu-long",
+    config_fp32="cpu-long-fp32",
+    docs=3,
+    min_tokens=78_000,
+    max_tokens=82_000,
+    pipeline={"mode": "whole"},
+    itemized=True,
+)
+"""`make demo-long`: a handful of ~80k-token documents on cpu-long, each one request, whole (a
+document too long for the context is failed, never cut). Three, so that the whole demo, the
+replica's start included, stays within ten minutes on a 2-core host (docs/results.md, "`make
+demo-long`")."""
+
+
+class DemoRefused(ValueError):
+    """This host cannot run the variant as it stands; the message says why and what to do."""
+
+
+def parse_demo(argv: Sequence[str]) -> Demo:
+    """The variant the command line asks for: `--long` for LONG, nothing for SHORT."""
+    parser = argparse.ArgumentParser(
+        prog="python -m flows.demo",
+        description="Tonight's job on a local CPU replica beside chat, start to finish.",
+    )
+    parser.add_argument(
+        "--long",
+        action="store_true",
+        help=f"{LONG.docs} documents of {LONG.min_tokens:,}-{LONG.max_tokens:,} tokens, each "
+        f"summarized whole on {LONG.config}, instead of {SHORT.docs} short ones in sections on "
+        f"{SHORT.config}",
+    )
+    return LONG if parser.parse_args(list(argv)).long else SHORT
+
+
+def host_config(
+    demo: Demo, no_native_bf16: bool, exists: Callable[[Path], bool] = Path.exists
+) -> tuple[Path, Path]:
+    """The engine config and latency fit `demo` runs on this host: its bf16 config, or on a CPU
+    without native bf16 its float32 twin (bf16 there runs several times slower than float32).
+
+    The twin runs only with a fit of its own. The SLO controller prices every batch chunk with the
+    fit, and the bf16 fit would price the slower float32 steps too cheap: the controller would
+    grant chunks that break chat's SLO, the very thing the demo is there to show it does not do.
+    Fitting takes a few minutes of its own and needs a quiet host, so rather than fit silently
+    inside a ten-minute demo, a missing fit is refused with the command that makes it."""
+    name = demo.config_fp32 if no_native_bf16 else demo.config
+    config, fit = CONFIGS / f"{name}.yaml", CONFIGS / "fits" / f"{name}.json"
+    if not exists(fit):
+        why = f" (no native bf16 here: {demo.config}'s float32 twin)" if no_native_bf16 else ""
+        raise DemoRefused(
+            f"{config}{why} has no latency fit: {fit} is missing, and the SLO controller prices "
+            "every batch chunk with one. Fit it on this host (a few minutes; best on a quiet "
+            f"host) with `.venv/bin/nightshift calibrate --engine-config {config} --out {fit}`, "
+            "then run the demo again"
+        )
+    return config, fit
