@@ -38,7 +38,7 @@ num_new_tokens)`, `Scheduler.update_from_output(scheduler_output, model_runner_o
 `.scheduler_config.long_prefill_token_threshold`, `.connector`, `.parallel_config.data_parallel_size`
 (and the engine core's, listed in `idle_hold`); `Request.request_id`, `.priority`,
 `.num_tokens`, `.num_computed_tokens`, `.num_output_tokens`, `.arrival_time`, `.is_finished()`;
-`SchedulerOutput.num_scheduled_tokens`.
+`SchedulerOutput.num_scheduled_tokens`, `.total_num_scheduled_tokens`.
 """
 
 from __future__ import annotations
