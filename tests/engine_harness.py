@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import json
 import os
+import queue
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -192,9 +194,11 @@ def case_canary(folder: Path) -> dict:
         problems.append("schedule() applies long_prefill_token_threshold after the hook")
     if not issubclass(AsyncScheduler, Scheduler):
         problems.append("AsyncScheduler no longer subclasses Scheduler")
+    problems += _engine_core_problems()
     s = make(budget_scheduler.BudgetScheduler, folder)
     for attr in ("running", "waiting", "requests", "block_size", "max_num_scheduled_tokens",
-                 "max_num_running_reqs", "policy", "scheduler_config"):  # fmt: skip
+                 "max_num_running_reqs", "policy", "scheduler_config", "connector",
+                 "parallel_config"):  # fmt: skip
         if not hasattr(s, attr):
             problems.append(f"Scheduler has no attribute {attr!r}")
     if not hasattr(s.scheduler_config, "long_prefill_token_threshold"):
@@ -210,6 +214,34 @@ def case_canary(folder: Path) -> dict:
     if order != [0, 5, 10]:
         problems.append(f"iterating the waiting queue gives priorities {order}, not in order")
     return {"vllm": vllm.__version__, "problems": problems}
+
+
+def _engine_core_problems() -> list[str]:
+    """What the idle hold (serving/engine_site/idle_hold.py) relies on in the engine core: it owns
+    the scheduler as `.scheduler`, calls `schedule` from `step` (and the batch-queue step), and
+    takes every request, abort and wake-up through `.input_queue`, a `queue.Queue`."""
+    import inspect
+
+    from vllm.v1.engine.core import EngineCore, EngineCoreProc
+
+    problems = []
+    sources = {
+        "EngineCore.__init__": (EngineCore.__init__, "self.scheduler: SchedulerInterface = "),
+        "EngineCore.step": (EngineCore.step, "self.scheduler.schedule("),
+        "EngineCore.step_with_batch_queue": (
+            EngineCore.step_with_batch_queue,
+            "self.scheduler.schedule(",
+        ),
+        "EngineCoreProc.__init__": (EngineCoreProc.__init__, "self.input_queue = queue.Queue"),
+        "EngineCoreProc.process_input_sockets": (
+            EngineCoreProc.process_input_sockets,
+            "self.input_queue.put_nowait(",
+        ),
+    }
+    for where, (fn, text) in sources.items():
+        if text not in inspect.getsource(fn):
+            problems.append(f"{where} no longer has {text!r}")
+    return problems
 
 
 def case_idle(folder: Path) -> dict:
@@ -235,6 +267,86 @@ def case_step_log(folder: Path) -> dict:
     finally:
         del os.environ[STEP_LOG_ENV]
     return {"steps": steps, "log": [json.loads(line) for line in log.read_text().splitlines()]}
+
+
+class EngineCoreStandIn:
+    """Stands to the scheduler where vLLM's engine core does: it owns the scheduler and the input
+    queue vLLM's input thread fills, and calls `schedule` from its own method (the plug-in finds
+    it on the call stack)."""
+
+    def __init__(self, scheduler) -> None:
+        self.scheduler = scheduler
+        self.input_queue: queue.Queue = queue.Queue()
+
+    def step(self) -> dict[str, int]:
+        return step(self.scheduler)
+
+
+def once_held(q: queue.Queue, then) -> threading.Thread:
+    """Run `then` on another thread (as vLLM's input thread would) once this thread waits on
+    `q`; it runs anyway after 10 s, and the hold it was meant to end ends without it."""
+
+    def run() -> None:
+        deadline = time.monotonic() + 10
+        while not q.not_empty._waiters and time.monotonic() < deadline:
+            time.sleep(0.001)
+        then()
+
+    t = threading.Thread(target=run)
+    t.start()
+    return t
+
+
+def case_hold(folder: Path) -> dict:
+    """A paused batch prompt alone in an engine, stepped by an engine-core stand-in: what ends
+    each hold, what the next step schedules, what the status said meanwhile and the step time it
+    counted. Holds end at 1.5 s at the latest here, not the engine's 5."""
+    s = make(budget_scheduler.BudgetScheduler, folder)
+    engine, plugin = EngineCoreStandIn(s), s._nightshift
+    plugin.max_hold_s = 1.5
+    send(folder, 1, 0.0, pause=True)
+    s.add_request(request("batch", 1024, 10))
+    out: dict = {}
+
+    t = once_held(engine.input_queue, lambda: engine.input_queue.put_nowait(("ADD", "chat")))
+    out["held"] = engine.step()
+    t.join()
+    out["chat_woke"] = plugin.last_hold
+    engine.input_queue.get_nowait()  # what the engine core's loop does next: add the chat
+    s.add_request(request("chat", 64, 0, max_tokens=2))
+    out["beside_chat"] = [engine.step() for _ in range(2)]
+    out["beside_chat_holds"] = plugin.last_hold
+
+    t = once_held(engine.input_queue, lambda: send(folder, 2, TARGET_MS))
+    out["held_again"] = engine.step()
+    t.join()
+    out["document_woke"] = plugin.last_hold
+    out["resumed"] = engine.step()
+
+    send(folder, 3, 0.0, pause=True)
+    measured, t0, wall = plugin.status.totals.measured_s, time.monotonic(), time.time()
+    t = once_held(engine.input_queue, lambda: send(folder, 4, 0.0, pause=True))
+    engine.step()
+    t.join()
+    out["quiet_hold_s"] = time.monotonic() - t0
+    out["quiet_measured_s"] = plugin.status.totals.measured_s - measured
+    out["quiet_ended"] = plugin.last_hold
+    doc = json.loads((folder / "status.json").read_text())
+    out["status_during_hold"] = {
+        "written": doc["written_at"] > wall + 0.5,
+        "seq": doc["control_seq"],
+        "state": doc["state"],
+    }
+    return out
+
+
+def case_no_engine(folder: Path) -> dict:
+    """The same paused batch prompt stepped by hand (as every other case): never held."""
+    s = make(budget_scheduler.BudgetScheduler, folder)
+    send(folder, 1, 0.0, pause=True)
+    s.add_request(request("batch", 1024, 10))
+    steps = [step(s) for _ in range(3)]
+    return {"steps": steps, "held": s._nightshift.last_hold, "engine": s._nightshift.engine}
 
 
 def _status(s, folder: Path) -> dict:

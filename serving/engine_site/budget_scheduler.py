@@ -22,6 +22,10 @@ The cap is applied where vLLM 0.32 sizes a request's chunk after every other cap
 request granted 0 is skipped (running) or ends the waiting pass (waiting): under priority
 scheduling every waiting chat is ahead of every waiting batch request, so nothing chat is lost.
 
+A step that schedules nothing because the plug-in held back every request there is (no chat in
+the engine) waits on the engine core's input queue instead of returning at once, so the engine
+core does not loop at full speed while batch is paused; `idle_hold` states what ends the wait.
+
 Without a control document the plug-in only observes (stock scheduling, status still written);
 see `control_channel` for expiry and rejection. Any exception inside the plug-in falls back to stock
 behaviour for that step and is logged once per place: the engine never dies because of it.
@@ -31,9 +35,10 @@ vLLM private names this depends on (checked by the canary in `tests/integration/
 num_new_tokens)`, `Scheduler.update_from_output(scheduler_output, model_runner_output)`,
 `Scheduler.running`, `.waiting` (iterable in policy order), `.requests`, `.block_size`,
 `.max_num_scheduled_tokens`, `.max_num_running_reqs`, `.policy`,
-`.scheduler_config.long_prefill_token_threshold`; `Request.request_id`, `.priority`,
+`.scheduler_config.long_prefill_token_threshold`, `.connector`, `.parallel_config.data_parallel_size`
+(and the engine core's, listed in `idle_hold`); `Request.request_id`, `.priority`,
 `.num_tokens`, `.num_computed_tokens`, `.num_output_tokens`, `.arrival_time`, `.is_finished()`;
-`SchedulerOutput.num_scheduled_tokens`.
+`SchedulerOutput.num_scheduled_tokens`, `.total_num_scheduled_tokens`.
 """
 
 from __future__ import annotations
@@ -41,11 +46,13 @@ from __future__ import annotations
 import os
 import time
 from collections import deque
+from collections.abc import Callable
 from pathlib import Path
 
 from scheduler import step_budget
 from scheduler.step import PrefillChunk, StepBatch
 from scheduler.step_budget import BatchPrefill, BatchStepTarget, InEngine, StepBudget, is_batch
+from serving.engine_site import idle_hold
 from serving.engine_site.control_channel import ControlChannel, Directive
 from serving.engine_site.control_files import CONTROL_DIR_ENV, CONTROL_FILE, STATUS_FILE
 from serving.engine_site.engine_status import EngineStatus, StepRecord
@@ -95,6 +102,14 @@ class _Plugin:
         self.step_started = 0.0
         self.measured_sum = self.predicted_sum = 0.0
         self.last_token: dict[str, float] = {}
+        self.held_back = False
+        """Whether this step's budget granted a batch prefill nothing."""
+        self.engine: object | None = None
+        self.input_arrived: Callable[[float], bool] | None = None
+        self.engine_looked_up = False
+        self.last_hold: str | None = None
+        """What ended the last step's hold (`idle_hold`), None when it did not hold."""
+        self.max_hold_s = idle_hold.MAX_HOLD_S
         log = os.environ.get(STEP_LOG_ENV)
         self.step_log = StepLog(log) if log else None
         if log:
@@ -129,6 +144,7 @@ class _Plugin:
     def begin_step(self, sched) -> None:
         self.step_started = time.monotonic()
         self.budget = None
+        self.held_back = False
         self.directive = self.channel.directive() if self.channel else None
         d = self.directive
         if d is None:
@@ -156,7 +172,53 @@ class _Plugin:
         left = request.num_tokens - num_computed_tokens
         if self.budget is None or left <= 1 or not is_batch(request.priority):
             return num_new_tokens
-        return self.budget.grant(BatchPrefill(num_computed_tokens, left), limit=num_new_tokens)
+        granted = self.budget.grant(BatchPrefill(num_computed_tokens, left), limit=num_new_tokens)
+        self.held_back |= granted == 0
+        return granted
+
+    # -- a step that held back everything: wait for something to change (`idle_hold`) ---------
+
+    def hold_if_idle(self, sched, output) -> None:
+        """Block while this step scheduled nothing only because the plug-in held back every
+        request in the engine; the wait is taken out of the step's time."""
+        self.last_hold = None
+        if not self.held_back or output.total_num_scheduled_tokens or self.channel is None:
+            return
+        if _has_connector(sched) or sched.parallel_config.data_parallel_size > 1:
+            return  # remote KV or another rank can change the step without engine input
+        if any(not is_batch(r.priority) and not r.is_finished() for r in sched.requests.values()):
+            return
+        if not self.engine_looked_up:
+            self.look_up_engine(sched)
+        if self.input_arrived is None or not idle_hold.nothing_in_flight(self.engine):
+            return
+        channel, status, seen = self.channel, self.status, idle_hold.grant_key(self.directive)
+
+        def poll() -> bool:
+            self.directive = channel.directive()
+            status.maybe_write(time.monotonic(), self.control_fields())
+            return idle_hold.grant_key(self.directive) != seen
+
+        started = time.monotonic()
+        self.last_hold = idle_hold.hold(
+            started + self.max_hold_s,
+            lambda: min(channel.next_poll, status.next_write_at),
+            self.input_arrived,
+            poll,
+            time.monotonic,
+        )
+        self.step_started += time.monotonic() - started
+
+    def look_up_engine(self, sched) -> None:
+        self.engine_looked_up = True
+        self.engine = idle_hold.stepping_engine(sched)
+        if self.engine is None:
+            _info("nightshift plug-in: no engine core found stepping this scheduler; steps that "
+                  "hold back every request are not held")  # fmt: skip
+            return
+        self.input_arrived = idle_hold.queue_waiter(self.engine.input_queue)
+        _info("nightshift plug-in: a step holding back every request waits on the engine "
+              "core's input queue")  # fmt: skip
 
     # -- after: what was scheduled, what it cost, what chat saw --------------------------------
 
@@ -226,6 +288,10 @@ class _Plugin:
                 del self.last_token[rid]
 
 
+def _has_connector(sched) -> bool:
+    return sched.connector is not None or getattr(sched, "ec_connector", None) is not None
+
+
 def _has_work(step: StepBatch) -> bool:
     """vLLM also runs steps that schedule no token (requests waiting on KV or finishing); they
     time the loop, not the model, and are no sample of it."""
@@ -266,6 +332,10 @@ class BudgetSchedulerMixin:
             plugin.once("step budget", exc)
         output = super().schedule(*args, **kwargs)
         plugin.budget = None
+        try:
+            plugin.hold_if_idle(self, output)
+        except Exception as exc:  # noqa: BLE001
+            plugin.once("idle hold", exc)
         try:
             plugin.scheduled(self, output)
         except Exception as exc:  # noqa: BLE001

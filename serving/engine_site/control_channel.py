@@ -78,6 +78,11 @@ class ControlChannel:
         self.last_rejection: str | None = None
         self._reasons_logged: set[str] = set()
 
+    @property
+    def next_poll(self) -> float:
+        """Monotonic time of the next look at the file: nothing read can change before it."""
+        return self._next_poll
+
     def directive(self) -> Directive | None:
         """What to apply now; None while no valid document was ever read (stock behaviour)."""
         now = self._monotonic()

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import bisect
 import json
+import math
 import os
 import time
 from dataclasses import dataclass, field
@@ -155,6 +156,11 @@ class EngineStatus:
             "last_batch_prefill_at": self.last_batch_prefill_at,
             "plugin_errors": self.errors,
         }
+
+    @property
+    def next_write_at(self) -> float:
+        """Monotonic time from which `maybe_write` writes (never, without a path)."""
+        return math.inf if self.path is None else self._last_write + WRITE_EVERY_S
 
     def maybe_write(self, now_mono: float, control: dict) -> bool:
         """Write the document if `WRITE_EVERY_S` passed since the last write; True if written."""

@@ -29,6 +29,8 @@ CASES = [
     "garbage_first",
     "step_log",
     "idle",
+    "hold",
+    "no_engine",
 ]
 
 
@@ -97,6 +99,28 @@ def test_with_no_chat_in_the_engine_batch_runs_to_the_idle_target_until_chat_arr
     assert all(s.get("batch", 0) > 0 for s in alone), "the idle target buys chunks"
     assert beside[0]["chat"] == 300, "the arriving chat gets its whole prompt next step"
     assert all(s.get("batch", 0) == 0 for s in beside), "with chat in, the 1 ms target holds"
+
+
+def test_a_paused_batch_prompt_alone_holds_the_step_until_input_or_a_new_document(seen):
+    h = seen["hold"]
+    assert h["held"] == {} and h["chat_woke"] == "input", "engine input ends the hold"
+    assert h["beside_chat"][0]["chat"] == 64 and h["beside_chat_holds"] is None
+    assert all("batch" not in s for s in h["beside_chat"]), "the pause still holds batch"
+    assert h["held_again"] == {} and h["document_woke"] == "control"
+    assert h["resumed"]["batch"] > 0, "the resuming document applies on the next step"
+
+
+def test_a_renewed_pause_does_not_end_the_hold_and_the_status_goes_on_meanwhile(seen):
+    h = seen["hold"]
+    assert h["quiet_ended"] == "due", "nothing could change the step: the bound ends the hold"
+    assert h["quiet_hold_s"] >= 1.5
+    assert h["status_during_hold"] == {"written": True, "seq": 4, "state": "paused"}
+    assert h["quiet_measured_s"] < h["quiet_hold_s"] / 2, "the wait is not step time"
+
+
+def test_a_scheduler_stepped_by_hand_is_never_held(seen):
+    n = seen["no_engine"]
+    assert n["steps"] == [{}, {}, {}] and n["held"] is None and n["engine"] is None
 
 
 def test_the_step_log_holds_every_step_as_scheduled_in_the_samples_format(seen, tmp_path):

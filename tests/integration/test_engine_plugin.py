@@ -19,6 +19,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from bench.paused_idle import cpu_share
 from serving import engine_control
 from serving.client import StreamingClient
 from serving.metrics import Histogram, histogram_delta, histogram_quantile
@@ -151,22 +152,32 @@ def test_stock_starves_new_chats_and_the_plugin_holds_chat_at_its_target(replica
 
 
 def test_pause_stops_batch_prefill_within_100_ms_and_chat_streams_on(replica):
+    """Then, with the paused batch prompt alone in the engine, the replica idles: its engine core
+    holds the empty steps (serving/engine_site/idle_hold.py) instead of looping through them
+    as fast as it can in three processes (docs/results.md has the figures)."""
     set_budget(replica, 20.0)
 
-    async def run() -> tuple[float, list[float]]:
+    async def run() -> tuple[float, list[float], dict[str, float]]:
         batch = asyncio.create_task(batch_prompt(replica, seed=4))
         await asyncio.sleep(2.0)
         paused_at = set_budget(replica, pause=True)
         ttfts = await chat_for(replica, 3, seed=5)
+        await asyncio.sleep(1.2)  # the worker polls its queue for a second after the last step
+        cpu = await asyncio.to_thread(cpu_share, replica.pid, 3.0)
+        assert not batch.done(), "the paused batch prompt was still waiting"
         batch.cancel()
         await asyncio.gather(batch, return_exceptions=True)
-        return paused_at, ttfts
+        return paused_at, ttfts, cpu
 
-    paused_at, ttfts = asyncio.run(run())
+    paused_at, ttfts, cpu = asyncio.run(run())
     doc = status_after_load(replica)
     assert doc["state"] == "paused"
     assert ttfts, "chat went on while batch was paused"
     assert doc["last_batch_prefill_at"] <= paused_at + 0.1
+    shares = {k: round(v, 1) for k, v in cpu.items()}
+    report = f"% of one core by process while paused, no chat: {shares}"
+    print(report)
+    assert sum(cpu.values()) < 25, report
 
 
 def test_a_killed_controller_leaves_chat_served_and_batch_paused_after_expiry(replica):
@@ -199,6 +210,7 @@ def test_a_killed_controller_leaves_chat_served_and_batch_paused_after_expiry(re
 
 CONTROLLER = """
 import sys, time
+from bench.paused_idle import cpu_share
 from serving import engine_control
 from serving.replica_targets import latency_model_for
 folder, config, ttl = sys.argv[1], sys.argv[2], float(sys.argv[3])
