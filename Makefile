@@ -18,7 +18,7 @@ demo-long: venv engine-venv models
 	$(VENV)/bin/python -m flows.demo --long
 
 test: venv engine-venv models prometheus
-	$(VENV)/bin/python -m pytest -q
+	$(VENV)/bin/python -m pytest -q --durations=30
 
 # The fault suite alone (it also runs under `make test`): each case asserts its figure in
 # docs/results.md, "Faults".
