@@ -96,6 +96,8 @@ class _Replica:
     name: str
     base_url: str
     up: bool = True
+    down_at: float = 0.0
+    """When it was last marked down: only an observation made after that brings it back."""
     decision: Decision | None = None
     observation: Observation | None = None
     granted_kv_tokens: int = 0  # KV of permits granted since the last decision
@@ -266,11 +268,13 @@ class GateActor:
         return self._abort
 
     async def mark_down(self, replica: str) -> None:
-        """A replica died: grant nothing more there. Its permits stay until released."""
+        """A replica died: grant nothing more there until the sensor sees it answer again (a
+        replica restarted under its URL rejoins the night). Its permits stay until released."""
         await self._start()
         if replica not in self.replicas:
             raise ValueError(f"unknown replica {replica!r}; this Gate has {sorted(self.replicas)}")
         self.replicas[replica].up = False
+        self.replicas[replica].down_at = time.time()
         log.warning("replica %s marked down; no more permits there", replica)
         async with self._cond:
             self._cond.notify_all()
@@ -322,6 +326,7 @@ class GateActor:
         self._expire_leases()
         observations = await self._observe()
         for r in self.replicas.values():
+            self._bring_back(r, observations.get(r.name))
             if r.up:
                 self._apply(r, self._enrich(r, observations.get(r.name)))
                 await self._send_control(r)
@@ -371,6 +376,12 @@ class GateActor:
             self._counts["sensor_errors"] += 1
             log.warning("sensor failed (%s); pausing batch until it answers", exc)
             return {}
+
+    def _bring_back(self, r: _Replica, obs: Observation | None) -> None:
+        """A replica marked down that the sensor read afresh since is serving again."""
+        if not r.up and obs is not None and obs.fresh and obs.t > r.down_at:
+            r.up = True
+            log.warning("replica %s answers again; permits resume there", r.name)
 
     def _enrich(self, r: _Replica, obs: Observation | None) -> Observation:
         """Add what only the Gate knows: the batch it admitted. Engine sensors count all running

@@ -405,3 +405,19 @@ def test_the_seats_of_a_worker_that_falls_silent_are_taken_back(gates, tmp_path)
     ray.get(gate.close.remote())
     lapsed = [e for e in read_events(journal) if e.get("reason") == WORKER_DIED_IN_FLIGHT]
     assert sorted(e["permit_id"] for e in lapsed) == sorted(p.permit_id for p in dead)
+
+
+def test_a_replica_marked_down_rejoins_once_the_sensor_reads_it_again(gates):
+    script = [
+        {"r0": {"kv_usage": 0.1}, "r1": {"kv_usage": 0.1}},
+        {"r0": {"kv_usage": 0.1}, "r1": {"fresh": False}},  # r1 restarting: not answering
+        {"r0": {"kv_usage": 0.1}, "r1": {"kv_usage": 0.1}},  # r1 serving again
+    ]
+    gate = gates("rejoin", script, policy="static", static_caps=(1, 512))
+    ray.get(gate.mark_down.remote("r1"))
+    assert ray.get(gate.acquire.remote("d0", 100)).replica == "r0"
+    ray.get(gate.poll_now.remote())
+    assert ray.get(gate.caps.remote())["r1"]["reason"] == "down"
+    ray.get(gate.poll_now.remote())
+    assert ray.get(gate.caps.remote())["r1"]["reason"] != "down"
+    assert ray.get(gate.acquire.remote("d1", 100), timeout=5.0).replica == "r1"
