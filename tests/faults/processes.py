@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 
@@ -69,11 +70,28 @@ def wait_gone(pids: set[int], timeout_s: float) -> set[int]:
     return left
 
 
-def listening_address(port: int) -> str | None:
-    """The IPv4 address a TCP socket of this host listens on at `port`, from /proc/net/tcp."""
+def listening_address(port: int, owners: set[int] | None = None) -> str | None:
+    """The IPv4 address a TCP socket of this host listens on at `port`, from /proc/net/tcp; with
+    `owners`, only a socket one of those processes holds (another process may listen on the same
+    port at another address: Ray does, on the node's address)."""
+    inodes = None if owners is None else _socket_inodes(owners)
     for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
-        local, state = line.split()[1], line.split()[3]
+        fields = line.split()
+        local, state, inode = fields[1], fields[3], fields[9]
         addr, hexport = local.split(":")
-        if state == "0A" and int(hexport, 16) == port:
+        if state == "0A" and int(hexport, 16) == port and (inodes is None or inode in inodes):
             return ".".join(str(int(addr[i : i + 2], 16)) for i in (6, 4, 2, 0))
     return None
+
+
+def _socket_inodes(pids: set[int]) -> set[str]:
+    found = set()
+    for pid in pids:
+        for fd in Path(f"/proc/{pid}/fd").glob("*"):
+            try:
+                target = os.readlink(fd)
+            except OSError:
+                continue
+            if target.startswith("socket:["):
+                found.add(target[8:-1])
+    return found

@@ -1,4 +1,4 @@
-"""Bad documents in a real night (cpu-tiny replica, `nightshift run`): each is recorded with the
+"""Bad documents in a real night (the folder's keyed cpu-tiny replica, `nightshift run`): each is recorded with the
 reason a user reads, every good document gets exactly one summary, and the run's files keep no
 secret and no door open (replica and exporters on loopback, run and control folders 0700)."""
 
@@ -16,14 +16,16 @@ import pytest
 
 from pipelines.gate_metrics import GateMetrics
 from pipelines.run_metrics import RunMetrics
-from tests.faults.processes import listening_address
-from tests.integration.conftest import TINY, replica_of
+from tests.faults.one_replica.conftest import FIT, KEY
+from tests.faults.processes import descendants, listening_address
+from tests.integration.conftest import TINY
 from warehouse.run_files import read_table
 
 pytestmark = pytest.mark.engine
 
-SECRET = "nsk-faults-3f9c1e7a2b"
-"""An API key in the run's environment, where operators keep it: it must appear in no file."""
+SECRET = KEY
+"""The replica's API key in the run's environment, where operators keep it: it must appear in
+no file."""
 
 WORDS = "river market ledger contract tenant clause notice rent repair harbour".split()
 
@@ -53,20 +55,21 @@ def corpus(path: Path) -> Path:
 
 
 @pytest.fixture(scope="module")
-def night(tmp_path_factory):
-    """One run over the bad corpus against one cpu-tiny replica; what it printed and wrote."""
-    with replica_of(TINY, tmp_path_factory) as replica:
-        work = tmp_path_factory.mktemp("bad-docs")
-        env = {**os.environ, "PREFECT_HOME": str(work / "prefect"),
-               "NIGHTSHIFT_REPLICA_API_KEY": SECRET, "VLLM_API_KEY": SECRET}  # fmt: skip
-        r = subprocess.run(
-            [sys.executable, "-m", "flows.cli", "run", "--corpus", str(corpus(work / "c.parquet")),
-             "--engine-config", str(TINY), "--policy", "static", "--replica-url",
-             replica.base_url, "--run-id", "bad-docs", "--results", str(work / "results")],
-            capture_output=True, text=True, timeout=600, env=env, cwd=work,
-        )  # fmt: skip
-        yield {"work": work, "proc": r, "replica": replica,
-               "replica_addr": listening_address(replica.port)}  # fmt: skip
+def night(replica, tmp_path_factory):
+    """One run over the bad corpus against the folder's replica; what it printed and wrote. It
+    steers the plug-in (policy budget), as every night in this folder does."""
+    work = tmp_path_factory.mktemp("bad-docs")
+    env = {**os.environ, "PREFECT_HOME": str(work / "prefect"),
+           "NIGHTSHIFT_REPLICA_API_KEY": SECRET, "VLLM_API_KEY": SECRET}  # fmt: skip
+    r = subprocess.run(
+        [sys.executable, "-m", "flows.cli", "run", "--corpus", str(corpus(work / "c.parquet")),
+         "--engine-config", str(TINY), "--policy", "budget", "--latency-model", str(FIT),
+         "--replica-url", replica.base_url, "--run-id", "bad-docs",
+         "--results", str(work / "results")],
+        capture_output=True, text=True, timeout=600, env=env, cwd=work,
+    )  # fmt: skip
+    yield {"work": work, "proc": r, "replica": replica,
+               "replica_addr": listening_address(replica.port, {replica.pid} | descendants(replica.pid))}  # fmt: skip
 
 
 def test_each_bad_document_has_its_reason_and_no_good_one_is_lost(night) -> None:
@@ -109,7 +112,8 @@ def test_replica_and_exporters_listen_on_loopback(night) -> None:
     assert night["replica_addr"] == "127.0.0.1"
     run, gate = RunMetrics("loopback"), GateMetrics()
     try:
-        assert listening_address(run.serve(0)) == "127.0.0.1"
-        assert listening_address(gate.serve(0)) == "127.0.0.1"
+        here = {os.getpid()}
+        assert listening_address(run.serve(0), here) == "127.0.0.1"
+        assert listening_address(gate.serve(0), here) == "127.0.0.1"
     finally:
         gate.close()
