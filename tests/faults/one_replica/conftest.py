@@ -1,5 +1,6 @@
-"""One cpu-tiny replica behind an API key (`--api-key`), shared by every case in this folder: the
-control channel abused, its metrics source gone, its run's Gate killed. The replica starts once for
+"""One cpu-tiny replica behind an API key (`--api-key`), shared by every case in this folder: bad
+documents, the control channel abused, its metrics source gone, its run's Gate or a summarizer
+killed. The replica starts once for
 the folder and is stopped when the folder's last case ends, so no other case's replica runs beside
 it. Cases leave it serving; the plug-in may be left in any state a controller's next document
 replaces (every case that runs a night uses a policy that steers the plug-in)."""
