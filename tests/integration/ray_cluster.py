@@ -102,10 +102,13 @@ def stop_node(node: RayNode, grace_s: float = 15.0) -> set[int]:
 
 
 @contextlib.contextmanager
-def ray_cluster(env: dict, cwd: Path, workers: int = 1, timeout_s: float = 90.0):
+def ray_cluster(
+    env: dict, cwd: Path, workers: int = 1, timeout_s: float = 90.0, keep_logs: Path | None = None
+):
     """A head and `workers` more nodes, all stopped on any exit (a failed start included), their
-    temp dirs removed. The temp dirs live under a short path: Ray's sockets are in them, and a
-    Unix socket's path has at most 107 bytes."""
+    temp dirs removed, each node's session logs first copied to `keep_logs/<node>` if given (an
+    actor that died mid-test is explained only there). The temp dirs live under a short path:
+    Ray's sockets are in them, and a Unix socket's path has at most 107 bytes."""
     root = Path(tempfile.mkdtemp(prefix="nsray-"))
     port = free_port_block(1)
     nodes: list[RayNode] = []
@@ -123,4 +126,9 @@ def ray_cluster(env: dict, cwd: Path, workers: int = 1, timeout_s: float = 90.0)
     finally:
         for node in reversed(nodes):
             stop_node(node)
+        if keep_logs is not None:
+            for node in nodes:
+                logs = node.temp_dir / "session_latest" / "logs"
+                with contextlib.suppress(OSError, shutil.Error):  # logs, not the test's result
+                    shutil.copytree(logs, keep_logs / node.name, dirs_exist_ok=True)
         shutil.rmtree(root, ignore_errors=True)
