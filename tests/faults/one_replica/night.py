@@ -45,3 +45,20 @@ def start_run(work: Path, replica, run_id: str, *more: str) -> subprocess.Popen:
 
 def summaries_so_far(run_dir: Path) -> list[str]:
     return read_table(run_dir, "summaries").column("doc_id").to_pylist()
+
+
+def assert_whole_once(
+    run_dir: Path, docs: list[str], done_before: set[str], killed_at: float
+) -> list[dict]:
+    """What a night killed in part must show at its end: the kill landed mid-night, every
+    document has exactly one summary and one answered request, and none finished before the kill
+    was sent again. Returns the run's request rows."""
+    assert 2 <= len(done_before) < len(docs), "the kill did not land mid-night"
+    summaries = read_table(run_dir, "summaries").column("doc_id").to_pylist()
+    assert sorted(summaries) == docs  # every document exactly once
+    requests = read_table(run_dir, "requests").to_pylist()
+    answered = sorted(r["doc_id"] for r in requests if r["status"] == "ok")
+    assert answered == docs  # one answered request each: nothing finished was sent again
+    redone = {r["doc_id"] for r in requests if r["t_submit"] > killed_at} & done_before
+    assert not redone
+    return requests

@@ -16,9 +16,8 @@ import duckdb
 import pytest
 
 from pipelines.request_journal import GATE_DIED_IN_FLIGHT
-from tests.faults.one_replica.night import corpus, start_run, summaries_so_far
+from tests.faults.one_replica.night import assert_whole_once, corpus, start_run, summaries_so_far
 from tests.faults.processes import command, descendants
-from warehouse.run_files import read_table
 
 pytestmark = pytest.mark.engine
 
@@ -50,14 +49,7 @@ def test_a_killed_gate_ends_the_attempt_and_the_retry_loses_and_repeats_nothing(
     assert run.returncode == 0, out[-4000:]
     assert "the run's Gate actor died mid-night" in out, out[-4000:]
     assert "Retry 1/1" in out  # the flow's retry of the pipeline, the same run id
-    assert 2 <= len(done_before) < len(DOCS), "the kill did not land mid-night"
-    summaries = read_table(run_dir, "summaries").column("doc_id").to_pylist()
-    assert sorted(summaries) == DOCS  # every document exactly once
-    requests = read_table(run_dir, "requests").to_pylist()
-    answered = sorted(r["doc_id"] for r in requests if r["status"] == "ok")
-    assert answered == DOCS  # one answered request each: nothing finished was sent again
-    redone = {r["doc_id"] for r in requests if r["t_submit"] > killed_at} & done_before
-    assert not redone
+    requests = assert_whole_once(run_dir, DOCS, done_before, killed_at)
     killed = [r for r in requests if r["error"] == GATE_DIED_IN_FLIGHT]
     assert killed and all(r["status"] == "cancelled" for r in killed)
     assert {r["doc_id"] for r in killed} <= set(DOCS) - done_before

@@ -15,9 +15,8 @@ from pathlib import Path
 import pytest
 
 from pipelines.request_journal import WORKER_DIED_IN_FLIGHT
-from tests.faults.one_replica.night import corpus, start_run, summaries_so_far
+from tests.faults.one_replica.night import assert_whole_once, corpus, start_run, summaries_so_far
 from tests.faults.processes import command, descendants
-from warehouse.run_files import read_table
 
 pytestmark = pytest.mark.engine
 
@@ -50,14 +49,7 @@ def test_a_killed_worker_gives_back_its_seats_and_the_night_loses_and_repeats_no
     took = time.time() - killed_at
 
     assert run.returncode == 0, out[-4000:]
-    assert 2 <= len(done_before) < len(DOCS), "the kill did not land mid-night"
-    summaries = read_table(run_dir, "summaries").column("doc_id").to_pylist()
-    assert sorted(summaries) == DOCS  # every document exactly once
-    requests = read_table(run_dir, "requests").to_pylist()
-    answered = sorted(r["doc_id"] for r in requests if r["status"] == "ok")
-    assert answered == DOCS  # one answered request each: nothing finished was sent again
-    redone = {r["doc_id"] for r in requests if r["t_submit"] > killed_at} & done_before
-    assert not redone
+    requests = assert_whole_once(run_dir, DOCS, done_before, killed_at)
     lapsed = [r for r in requests if r["error"] == WORKER_DIED_IN_FLIGHT]
     assert all(r["status"] == "cancelled" for r in lapsed)
     assert {r["doc_id"] for r in lapsed} <= set(DOCS) - done_before
