@@ -81,8 +81,18 @@ def run_checker(flags: dict, timeout_s: float = TIMEOUT_S) -> dict:
 
     Raises SetupError (from `engine_python`) when the engine venv is missing, and CheckerFailed
     when the checker itself fails (vLLM not importable, a parser it does not expect)."""
+    return run_checker_many([flags], timeout_s)[0]
+
+
+def run_checker_many(configs: list[dict], timeout_s: float = TIMEOUT_S) -> list[dict]:
+    """One verdict per `vllm:` mapping in `configs`, in order, from one run of the checker (the
+    run's cost is importing vLLM, whatever the number of configs)."""
     python = engine_python()
-    request = {"flags": [[key, render_flags({key: value})] for key, value in flags.items()]}
+    request = {
+        "configs": [
+            [[key, render_flags({key: value})] for key, value in flags.items()] for flags in configs
+        ]
+    }
     try:
         proc = subprocess.run(
             [str(python), str(CHECKER)],
@@ -98,7 +108,10 @@ def run_checker(flags: dict, timeout_s: float = TIMEOUT_S) -> dict:
     try:
         if proc.returncode != 0:
             raise ValueError(f"exit status {proc.returncode}")
-        return json.loads(proc.stdout)
+        verdicts = json.loads(proc.stdout)
+        if not isinstance(verdicts, list) or len(verdicts) != len(configs):
+            raise ValueError(f"{len(configs)} verdicts expected, got {proc.stdout[:200]!r}")
+        return verdicts
     except ValueError as exc:
         tail = "\n".join(proc.stderr.strip().splitlines()[-15:])
         raise CheckerFailed(

@@ -1,8 +1,8 @@
 """Check engine flags with vLLM's own command-line parser, in the engine's interpreter.
 
-Run as `<engine python> check_flags.py` with a JSON object on stdin, `{"flags": [[KEY, ARGV],
-...]}` (ARGV is the rendered command line of one engine config key), and it prints one JSON
-verdict on stdout:
+Run as `<engine python> check_flags.py` with a JSON object on stdin, `{"configs": [[[KEY, ARGV],
+...], ...]}` (one list per engine config; ARGV is the rendered command line of one of its keys),
+and it prints a JSON list on stdout, one verdict per config, in order:
 
     {"ok": bool, "vllm_version": "...", "flags": [valid flag names, dash form],
      "problems": [{"key": KEY or null, "kind": "unknown" | "value" | "combination",
@@ -14,7 +14,8 @@ them together. Parsing only converts strings: nothing is started, no model is re
 touched, and a class named by a flag such as `scheduler-cls` is not imported.
 
 vLLM's imports log to stdout; the verdict goes to the original stdout and everything else to
-stderr, so the caller reads exactly one JSON document.
+stderr, so the caller reads exactly one JSON document. Importing vLLM and building its parser is
+the whole cost of a check (seconds), so one run checks as many configs as it is given.
 """
 
 from __future__ import annotations
@@ -108,19 +109,26 @@ def main() -> int:
     sys.stdout.flush()
     os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
     request = json.load(sys.stdin)
-    flags = [(str(key), [str(a) for a in argv]) for key, argv in request["flags"]]
+    configs = [
+        [(str(key), [str(a) for a in argv]) for key, argv in flags] for flags in request["configs"]
+    ]
 
     import vllm
 
     parser = build_parser()
-    problems = check(parser, flags)
-    verdict = {
-        "ok": not problems,
-        "vllm_version": getattr(vllm, "__version__", "unknown"),
-        "flags": flag_names(parser),
-        "problems": problems,
-    }
-    json.dump(verdict, verdict_out)
+    names = flag_names(parser)
+    verdicts = []
+    for flags in configs:
+        problems = check(parser, flags)
+        verdicts.append(
+            {
+                "ok": not problems,
+                "vllm_version": getattr(vllm, "__version__", "unknown"),
+                "flags": names,
+                "problems": problems,
+            }
+        )
+    json.dump(verdicts, verdict_out)
     verdict_out.write("\n")
     verdict_out.flush()
     return 0

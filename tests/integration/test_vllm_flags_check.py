@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from serving.engine_config import load_engine_config
-from serving.vllm_flags_check import VllmFlagError, check_vllm_flags, run_checker
+from serving.vllm_flags_check import run_checker_many, verdict_error
 from tests.integration.conftest import REPO, TINY, free_port_block
 
 CONFIGS = sorted((REPO / "engine_configs").glob("*.yaml"))
@@ -44,49 +44,58 @@ def engine_up(*args: str, state_dir: Path) -> subprocess.CompletedProcess:
     )
 
 
-@pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.name)
-def test_every_shipped_config_passes_vllms_parser(path: Path) -> None:
-    config = load_engine_config(path)
+TYPO = {"max-num-seqz": 16}
+LOTS = {"max-model-len": "lots"}
+UNIMPORTABLE = {"scheduler-cls": "no_such_package.NoSuchScheduler", "max-num-seqs": 4}
+
+
+@pytest.fixture(scope="module")
+def verdicts() -> dict[str, dict]:
+    """vLLM's verdict on every shipped config and on each bad variant, from one run of the
+    checker (its cost is importing vLLM, ~10 s here, whatever the number of configs)."""
+    tiny = load_engine_config(TINY).vllm
+    cases = {p.name: load_engine_config(p).vllm for p in CONFIGS}
+    cases |= {"typo": {**tiny, **TYPO}, "lots": {**tiny, **LOTS}, "unimportable": UNIMPORTABLE}
     t0 = time.monotonic()
-    verdict = run_checker(config.vllm)
-    assert verdict["ok"], verdict["problems"]
+    answers = run_checker_many(list(cases.values()))
     assert time.monotonic() - t0 < 60  # a few seconds; the margin is for a loaded 2-core host
+    return dict(zip(cases, answers, strict=True))
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.name)
+def test_every_shipped_config_passes_vllms_parser(verdicts, path: Path) -> None:
+    verdict = verdicts[path.name]
+    assert verdict["ok"], verdict["problems"]
     assert "max-num-seqs" in verdict["flags"] and "scheduler-cls" in verdict["flags"]
 
 
-def test_unknown_flag_is_named_with_the_closest_valid_one(tmp_path: Path) -> None:
-    path = variant(tmp_path, "typo.yaml", **{"max-num-seqz": 16})
-    with pytest.raises(VllmFlagError) as err:
-        check_vllm_flags(load_engine_config(path), path)
-    assert str(err.value) == (
-        f"{path}: vllm.max-num-seqz is not a vLLM flag (did you mean max-num-seqs?)"
+def test_unknown_flag_is_named_with_the_closest_valid_one(verdicts) -> None:
+    flags = {**load_engine_config(TINY).vllm, **TYPO}
+    assert verdict_error(verdicts["typo"], "typo.yaml", flags) == (
+        "typo.yaml: vllm.max-num-seqz is not a vLLM flag (did you mean max-num-seqs?)"
     )
 
 
-def test_rejected_value_is_named_with_vllms_reason(tmp_path: Path) -> None:
-    path = variant(tmp_path, "lots.yaml", **{"max-model-len": "lots"})
-    with pytest.raises(VllmFlagError) as err:
-        check_vllm_flags(load_engine_config(path), path)
-    message = str(err.value)
-    assert message.startswith(f"{path}: vllm.max-model-len: vLLM rejects 'lots' (")
+def test_rejected_value_is_named_with_vllms_reason(verdicts) -> None:
+    flags = {**load_engine_config(TINY).vllm, **LOTS}
+    message = verdict_error(verdicts["lots"], "lots.yaml", flags)
+    assert message.startswith("lots.yaml: vllm.max-model-len: vLLM rejects 'lots' (")
     assert "argument --max-model-len" in message and "'lots'" in message
     assert "\n" not in message  # only the bad key is reported
 
 
-def test_scheduler_class_is_parsed_not_imported(tmp_path: Path) -> None:
-    verdict = run_checker({"scheduler-cls": "no_such_package.NoSuchScheduler", "max-num-seqs": 4})
-    assert verdict["ok"], verdict["problems"]
+def test_scheduler_class_is_parsed_not_imported(verdicts) -> None:
+    assert verdicts["unimportable"]["ok"], verdicts["unimportable"]["problems"]
 
 
 @pytest.mark.parametrize(
-    ("flags", "expected"),
+    ("flags", "expected", "dry_run"),
     [
-        ({"max-num-seqz": 16}, "vllm.max-num-seqz is not a vLLM flag (did you mean max-num-seqs?)"),
-        ({"max-model-len": "lots"}, "vllm.max-model-len: vLLM rejects 'lots'"),
+        (TYPO, "vllm.max-num-seqz is not a vLLM flag (did you mean max-num-seqs?)", True),
+        (LOTS, "vllm.max-model-len: vLLM rejects 'lots'", False),
     ],
-    ids=["unknown-flag", "bad-value"],
+    ids=["dry-run-unknown-flag", "start-bad-value"],
 )
-@pytest.mark.parametrize("dry_run", [True, False], ids=["dry-run", "start"])
 def test_engine_up_refuses_before_starting_anything(
     tmp_path: Path, flags: dict, expected: str, dry_run: bool
 ) -> None:

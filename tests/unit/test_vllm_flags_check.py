@@ -14,11 +14,13 @@ from serving.engine_config import EngineConfig, EngineConfigError
 from serving.engine_site import check_flags
 from serving.paths import SetupError
 from serving.vllm_flags_check import (
+    CheckerFailed,
     VllmFlagError,
     check_vllm_flags,
     closest_flag,
     problem_message,
     run_checker,
+    run_checker_many,
     verdict_error,
 )
 
@@ -153,12 +155,12 @@ def fake_engine(tmp_path: Path, body: str) -> Path:
 
 
 def test_run_checker_sends_each_key_with_its_rendered_flags(tmp_path, monkeypatch) -> None:
-    ok = json.dumps(verdict())
+    ok = json.dumps([verdict()])
     monkeypatch.setenv("NIGHTSHIFT_ENGINE_PYTHON", str(fake_engine(tmp_path, f"echo '{ok}'")))
     flags = {"max-num-seqs": 16, "enable-prefix-caching": False, "custom-histogram-buckets": {}}
     assert run_checker(flags)["ok"] is True
-    request = json.loads((tmp_path / "request.json").read_text())
-    assert request["flags"] == [
+    (request,) = json.loads((tmp_path / "request.json").read_text())["configs"]
+    assert request == [
         ["max-num-seqs", ["--max-num-seqs", "16"]],
         ["enable-prefix-caching", ["--no-enable-prefix-caching"]],
         ["custom-histogram-buckets", ["--custom-histogram-buckets", "{}"]],
@@ -167,18 +169,38 @@ def test_run_checker_sends_each_key_with_its_rendered_flags(tmp_path, monkeypatc
 
 def test_check_raises_the_message_for_a_rejected_flag(tmp_path, monkeypatch) -> None:
     bad = json.dumps(
-        verdict(
-            {
-                "key": "max-num-seqz",
-                "kind": "unknown",
-                "argv": ["--max-num-seqz", "16"],
-                "message": "unrecognized arguments: --max-num-seqz",
-            }
-        )
+        [
+            verdict(
+                {
+                    "key": "max-num-seqz",
+                    "kind": "unknown",
+                    "argv": ["--max-num-seqz", "16"],
+                    "message": "unrecognized arguments: --max-num-seqz",
+                }
+            )
+        ]
     )
     monkeypatch.setenv("NIGHTSHIFT_ENGINE_PYTHON", str(fake_engine(tmp_path, f"echo '{bad}'")))
     with pytest.raises(VllmFlagError, match=r"x\.yaml: vllm\.max-num-seqz is not a vLLM flag"):
         check_vllm_flags(config(**{"max-num-seqz": 16}), "x.yaml")
+
+
+def test_many_configs_are_checked_in_one_run_and_answered_in_order(tmp_path, monkeypatch) -> None:
+    answers = json.dumps(
+        [verdict(), verdict({"key": "b", "kind": "value", "argv": [], "message": "m"})]
+    )
+    monkeypatch.setenv("NIGHTSHIFT_ENGINE_PYTHON", str(fake_engine(tmp_path, f"echo '{answers}'")))
+    first, second = run_checker_many([{"a": 1}, {"b": "x"}])
+    assert first["ok"] and not second["ok"]
+    request = json.loads((tmp_path / "request.json").read_text())["configs"]
+    assert request == [[["a", ["--a", "1"]]], [["b", ["--b", "x"]]]]
+
+
+def test_a_checker_answering_for_fewer_configs_is_a_failure(tmp_path, monkeypatch) -> None:
+    one = json.dumps([verdict()])
+    monkeypatch.setenv("NIGHTSHIFT_ENGINE_PYTHON", str(fake_engine(tmp_path, f"echo '{one}'")))
+    with pytest.raises(CheckerFailed, match="2 verdicts expected"):
+        run_checker_many([{"a": 1}, {"b": 2}])
 
 
 def test_a_failing_checker_is_reported_with_its_stderr(tmp_path, monkeypatch) -> None:
