@@ -14,7 +14,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from tests.integration.conftest import REPO, TINY
+from tests.replicas import REPO, TINY
 
 H100 = REPO / "engine_configs" / "h100x2-llama-3.1-70b-fp8.yaml"
 

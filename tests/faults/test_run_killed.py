@@ -1,5 +1,5 @@
-"""`kill -9` of `nightshift run` mid-night, then the same run id again (cpu-tiny, a replica the
-run starts itself): nothing the killed run started outlives it, every document ends with exactly
+"""`kill -9` of `nightshift run` mid-night, then the same run id again (cpu-tiny: the killed run
+starts its replica itself, the rerun uses the session's): nothing the killed run started outlives it, every document ends with exactly
 one summary, none finished before the kill is redone, the warehouse holds no duplicate, and the
 requests the kill cut off are recorded as killed rather than dropped."""
 
@@ -18,7 +18,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from tests.faults.processes import command, descendants, wait_gone
-from tests.integration.conftest import TINY
+from tests.replicas import TINY
 from warehouse.run_files import read_table
 
 pytestmark = pytest.mark.engine
@@ -37,11 +37,11 @@ def corpus(path: Path) -> Path:
     return path
 
 
-def start_run(work: Path, run_id: str) -> subprocess.Popen:
+def start_run(work: Path, run_id: str, *more: str) -> subprocess.Popen:
     return subprocess.Popen(
         [sys.executable, "-m", "flows.cli", "run", "--corpus", str(work / "c.parquet"),
          "--engine-config", str(TINY), "--policy", "static", "--static-seats", "4",
-         "--run-id", run_id, "--results", str(work / "results")],
+         "--run-id", run_id, "--results", str(work / "results"), *more],
         cwd=work, env={**os.environ, "PREFECT_HOME": str(work / "prefect")},
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )  # fmt: skip
@@ -53,7 +53,9 @@ def summaries_so_far(run_dir: Path) -> list[str]:
     return read_table(run_dir, "summaries").column("doc_id").to_pylist()
 
 
-def test_killed_run_leaves_nothing_and_its_rerun_loses_and_repeats_nothing(tmp_path: Path) -> None:
+def test_killed_run_leaves_nothing_and_its_rerun_loses_and_repeats_nothing(
+    tmp_path: Path, tiny_replica
+) -> None:
     corpus(tmp_path / "c.parquet")
     run_dir = tmp_path / "results" / "runs" / "killed"
     run = start_run(tmp_path, "killed")
@@ -73,7 +75,7 @@ def test_killed_run_leaves_nothing_and_its_rerun_loses_and_repeats_nothing(tmp_p
     left = wait_gone(tree - agents, timeout_s=60)
     assert not left, [command(p) for p in left]
 
-    rerun = start_run(tmp_path, "killed")
+    rerun = start_run(tmp_path, "killed", "--replica-url", tiny_replica.base_url)
     out, _ = rerun.communicate(timeout=600)
     assert rerun.returncode == 0, out[-3000:]
     assert f"{len(done_before)} already done" in out

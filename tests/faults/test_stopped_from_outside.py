@@ -17,7 +17,7 @@ import pytest
 
 from serving.launcher import port_in_use
 from tests.faults.processes import command, descendants, group_members, wait_gone
-from tests.integration.conftest import TINY, free_port_block
+from tests.replicas import TINY, free_port_block
 
 pytestmark = pytest.mark.engine
 

@@ -21,7 +21,7 @@ from pathlib import Path
 import httpx
 import yaml
 
-from tests.integration.conftest import free_port_block
+from tests.replicas import free_port_block
 
 INSTALL_HINT = "install it with `make prometheus` (Debian's `prometheus` package)"
 

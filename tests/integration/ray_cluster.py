@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tests.faults.processes import session_members, wait_gone
-from tests.integration.conftest import free_port_block
+from tests.replicas import free_port_block
 
 RAY = Path(sys.executable).parent / "ray"
 READY = "block forever"

@@ -9,7 +9,7 @@ from bench.chat_results import write_run
 from bench.chat_sessions import ChatShape
 from serving.engine_config import load_engine_config
 from serving.tokenizer import tokenizer_for
-from tests.integration.conftest import TINY
+from tests.replicas import TINY
 
 pytestmark = pytest.mark.engine
 

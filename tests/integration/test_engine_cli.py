@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from tests.faults.processes import group_members
-from tests.integration.conftest import TINY, free_port_block
+from tests.replicas import TINY, free_port_block
 
 NIGHTSHIFT = [sys.executable, "-m", "flows.cli"]
 

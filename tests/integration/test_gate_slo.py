@@ -15,7 +15,7 @@ from pipelines.corpus_maker import CorpusSpec, make_corpus, write_corpus
 from serving.engine_config import load_engine_config
 from serving.launcher import ReplicaSet
 from serving.tokenizer import tokenizer_for
-from tests.integration.conftest import free_port_block
+from tests.replicas import free_port_block
 
 # A timing comparison: on a host where other work takes the CPU, chat alone already misses any
 # tight SLO and the contrast drowns in noise, so it runs on demand (`make bench-check`), not in CI.

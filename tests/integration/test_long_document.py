@@ -20,8 +20,8 @@ from scheduler.slo import SLO
 from serving.engine_config import load_engine_config
 from serving.metrics import parse_metrics
 from serving.tokenizer import tokenizer_for
-from tests.integration.conftest import replica_of
-from tests.integration.test_engine_plugin import chat_for
+from tests.integration.small_replica.test_engine_plugin import chat_for
+from tests.replicas import replica_of
 from warehouse.run_files import read_table
 
 pytestmark = pytest.mark.engine

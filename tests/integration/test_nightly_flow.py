@@ -13,7 +13,7 @@ import pytest
 from prefect.testing.utilities import prefect_test_harness
 
 from pipelines.config import PipelineConfig
-from tests.integration.conftest import TINY
+from tests.replicas import TINY
 
 
 @pytest.fixture(scope="module")

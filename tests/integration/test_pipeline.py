@@ -19,7 +19,7 @@ from pipelines.run_store import RunMismatch
 from serving.engine_config import load_engine_config
 from serving.launcher import ReplicaSet
 from serving.tokenizer import tokenizer_for
-from tests.integration.conftest import TINY, free_port_block
+from tests.replicas import TINY, free_port_block
 from warehouse.run_files import read_table
 
 pytestmark = pytest.mark.engine

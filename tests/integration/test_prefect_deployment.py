@@ -30,7 +30,7 @@ import yaml
 
 from serving.engine_config import load_engine_config
 from serving.launcher import ReplicaSet
-from tests.integration.conftest import REPO, TINY, free_port_block
+from tests.replicas import REPO, TINY, free_port_block
 
 pytestmark = pytest.mark.engine
 

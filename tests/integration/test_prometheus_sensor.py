@@ -23,8 +23,8 @@ from serving.client import Completion, StreamingClient
 from serving.engine_config import load_engine_config
 from serving.metrics import MetricsSnapshot, histogram_delta, histogram_quantile, scrape
 from serving.sensors import ITL_HISTOGRAMS, PrometheusSensor
-from tests.integration.conftest import TINY, free_port_block
 from tests.integration.prometheus_server import prometheus_server
+from tests.replicas import TINY, free_port_block
 
 pytestmark = [pytest.mark.engine, pytest.mark.prometheus]
 

@@ -14,7 +14,7 @@ import yaml
 
 from serving.engine_config import load_engine_config
 from serving.vllm_flags_check import run_checker_many, verdict_error
-from tests.integration.conftest import REPO, TINY, free_port_block
+from tests.replicas import REPO, TINY, free_port_block
 
 CONFIGS = sorted((REPO / "engine_configs").glob("*.yaml"))
 NIGHTSHIFT = [sys.executable, "-m", "flows.cli"]

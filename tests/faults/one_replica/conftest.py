@@ -1,8 +1,7 @@
 """One cpu-tiny replica behind an API key (`--api-key`), shared by every case in this folder: bad
-documents, the control channel abused, its metrics source gone, its run's Gate or a summarizer
-killed. The replica starts once for
-the folder and is stopped when the folder's last case ends, so no other case's replica runs beside
-it. Cases leave it serving; the plug-in may be left in any state a controller's next document
+documents, the control channel used by its route and abused, its metrics source gone, its run's
+Gate or a summarizer killed. The replica starts once for the folder and is stopped when the
+folder's last case ends, so no other case's replica runs beside it. Cases leave it serving; the plug-in may be left in any state a controller's next document
 replaces (every case that runs a night uses a policy that steers the plug-in)."""
 
 from __future__ import annotations
@@ -12,7 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.integration.conftest import REPO, TINY, replica_of
+from tests.replicas import REPO, TINY, replica_of
 
 KEY = "nsk-faults-one-replica-8c2d"
 """The replica's API key: runs get it from `NIGHTSHIFT_REPLICA_API_KEY`, as operators give it."""

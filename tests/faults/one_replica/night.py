@@ -12,7 +12,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from tests.faults.one_replica.conftest import FIT, KEY
-from tests.integration.conftest import TINY
+from tests.replicas import TINY
 from warehouse.run_files import read_table
 
 WORDS = "harbour ledger tenant clause river notice market repair rent contract".split()

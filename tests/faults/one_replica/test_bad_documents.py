@@ -18,7 +18,7 @@ from pipelines.gate_metrics import GateMetrics
 from pipelines.run_metrics import RunMetrics
 from tests.faults.one_replica.conftest import FIT, KEY
 from tests.faults.processes import descendants, listening_address
-from tests.integration.conftest import TINY
+from tests.replicas import TINY
 from warehouse.run_files import read_table
 
 pytestmark = pytest.mark.engine

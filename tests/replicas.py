@@ -1,4 +1,5 @@
-"""Real vLLM replicas for integration tests, started from the repository's engine configs."""
+"""Real vLLM replicas for the integration and fault tests, started from the repository's engine
+configs; the session's shared cpu-tiny replica is the `tiny_replica` fixture (tests/conftest.py)."""
 
 from __future__ import annotations
 
@@ -6,12 +7,10 @@ import contextlib
 import socket
 from pathlib import Path
 
-import pytest
-
 from serving.engine_config import load_engine_config
 from serving.launcher import ReplicaSet
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[1]
 TINY = REPO / "engine_configs" / "cpu-tiny.yaml"
 
 
@@ -41,12 +40,4 @@ def replica_of(config_path: Path, tmp_path_factory):
     replicas = ReplicaSet(tmp_path_factory.mktemp("engines"))
     config = load_engine_config(config_path)
     with replicas.running(config, str(config_path), free_port_block(1)) as started:
-        yield started[0]
-
-
-@pytest.fixture(scope="session")
-def tiny_replica(tmp_path_factory):
-    """One cpu-tiny replica for the whole session."""
-    replicas = ReplicaSet(tmp_path_factory.mktemp("engines"))
-    with replicas.running(load_engine_config(TINY), str(TINY), free_port_block(1)) as started:
         yield started[0]

@@ -11,7 +11,6 @@ import time
 from pathlib import Path
 
 import httpx
-import pytest
 
 from pipelines.gate import GateActor
 from scheduler.slo import SLO
@@ -19,20 +18,13 @@ from serving.engine_config import load_engine_config
 from serving.engine_control import ControlTarget, read_status
 from serving.metrics import histogram_delta, histogram_quantile
 from serving.plugin_sensor import status_histogram
-from tests.integration.conftest import replica_of
-from tests.integration.test_engine_plugin import BATCH_TOKENS, chat_for
+from tests.integration.small_replica.test_engine_plugin import BATCH_TOKENS, chat_for
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 SMALL = REPO / "engine_configs" / "cpu-small.yaml"
 FIT = REPO / "engine_configs" / "fits" / "cpu-small.json"
 SLO_ = SLO(chat_itl_p99_ms=40.0, chat_ttft_p99_ms=500.0, window_s=5.0)
 RUN_S = 40.0
-
-
-@pytest.fixture(scope="module")
-def replica(tmp_path_factory):
-    with replica_of(SMALL, tmp_path_factory) as started:
-        yield started
 
 
 async def batch_worker(gate: GateActor, replica, seed: int, deadline: float) -> int:

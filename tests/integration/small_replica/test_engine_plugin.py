@@ -17,7 +17,6 @@ import time
 from pathlib import Path
 
 import httpx
-import pytest
 
 from bench.paused_idle import cpu_share
 from serving import engine_control
@@ -25,18 +24,11 @@ from serving.client import StreamingClient
 from serving.metrics import Histogram, histogram_delta, histogram_quantile
 from serving.plugin_sensor import status_histogram
 from serving.replica_targets import latency_model_for
-from tests.integration.conftest import replica_of
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 SMALL = REPO / "engine_configs" / "cpu-small.yaml"
 BATCH_TOKENS = 16_384
 CHAT_STREAMS = 4
-
-
-@pytest.fixture(scope="module")
-def replica(tmp_path_factory):
-    with replica_of(SMALL, tmp_path_factory) as started:
-        yield started
 
 
 def target_of(replica) -> engine_control.ControlTarget:
