@@ -12,7 +12,7 @@ from scheduler.latency_model import LatencyModel
 from scheduler.step import PrefillChunk, StepBatch
 from serving.step_samples import read_samples
 
-from .conftest import TINY
+from tests.replicas import TINY
 
 pytestmark = pytest.mark.engine
 
