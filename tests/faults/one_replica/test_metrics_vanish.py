@@ -10,15 +10,14 @@ from __future__ import annotations
 import json
 import os
 import signal
-import threading
 import time
 from pathlib import Path
 
-import httpx
 import pytest
 
 from scheduler.budget_controller import BudgetControllerConfig
 from serving.engine_site.control_files import STATUS_FILE
+from tests.faults.chat_user import ChatUser
 from tests.faults.one_replica.conftest import KEY
 from tests.faults.one_replica.night import corpus, start_run, summaries_so_far
 from tests.faults.processes import descendants
@@ -50,26 +49,6 @@ def plugin_status(replica) -> dict:
     return json.loads((replica.control_dir / STATUS_FILE).read_text())
 
 
-class Chat(threading.Thread):
-    """One chat user sending a short chat after another until stopped; (start, end, status)."""
-
-    def __init__(self, replica) -> None:
-        super().__init__(daemon=True)
-        self.replica, self.done, self.stop = replica, [], threading.Event()
-
-    def run(self) -> None:
-        with httpx.Client(headers={"Authorization": f"Bearer {KEY}"}, timeout=60) as http:
-            while not self.stop.is_set():
-                t0 = time.time()
-                r = http.post(
-                    f"{self.replica.base_url}/v1/completions",
-                    json={"model": self.replica.served_model, "prompt": "a chat", "max_tokens": 24,
-                          "ignore_eos": True},
-                )  # fmt: skip
-                self.done.append((t0, time.time(), r.status_code))
-                time.sleep(0.2)
-
-
 def test_batch_pauses_while_metrics_are_gone_chat_goes_on_and_batch_resumes(
     replica, tmp_path: Path
 ) -> None:
@@ -78,7 +57,7 @@ def test_batch_pauses_while_metrics_are_gone_chat_goes_on_and_batch_resumes(
     jobs = {"vllm": [f"{replica.host}:{replica.port}"]}
     with prometheus_server(tmp_path / "prometheus", jobs) as prom_url:
         (prometheus,) = (p for p in descendants(os.getpid()) if listens_at(p, prom_url))
-        chat = Chat(replica)
+        chat = ChatUser(replica, KEY)
         chat.start()
         run = start_run(tmp_path, replica, "metrics-gone", "--policy", "slo",
                         "--prometheus-url", prom_url)  # fmt: skip
