@@ -179,8 +179,8 @@ class GateActor:
         without one the seat is held until released. A dead worker's calls still wait here (Ray
         does not cancel them): once its lease lapsed they raise LeaseLapsed rather than take a
         seat nobody would use or give back. Raises at once (and wakes waiters to raise)
-        when no replica is up or none could ever hold the request's KV; raises TimeoutError after
-        `timeout_s` without a seat."""
+        when none could ever hold the request's KV, and once every replica has been marked down
+        for `down_grace_s`; raises TimeoutError after `timeout_s` without a seat."""
         await self._start()
         if holder is not None:
             self.leases.renew(holder, time.monotonic())
@@ -476,10 +476,18 @@ class GateActor:
         return room is None or r.granted_kv_tokens + kv_tokens <= room
 
     def _check_can_ever_fit(self, kv_tokens: int) -> None:
-        """Fail at once, not wait forever, for a request no replica could hold or none is up."""
+        """Fail at once, not wait forever, for a request no replica could hold; fail once every
+        replica has been down for `down_grace_s` (until then the request waits, so a night on one
+        replica rides out its restart)."""
         up = [r for r in self.replicas.values() if r.up]
         if not up:
-            raise RuntimeError("every replica is marked down; no batch seat can be granted")
+            down_for = time.time() - max(r.down_at for r in self.replicas.values())
+            if down_for >= self.config.down_grace_s:
+                raise RuntimeError(
+                    f"every replica has been marked down for {down_for:.0f} s (down_grace_s "
+                    f"{self.config.down_grace_s:g}); no batch seat can be granted"
+                )
+            return
         if not self.kv_guarded:
             return
         high_water = self.kv_high_water

@@ -37,6 +37,10 @@ from serving.sensors import (
     VllmMetricsSensor,
 )
 
+DEFAULT_DOWN_GRACE_S = 300.0
+"""A replica restart's worth of waiting, model load and warm-up included (a 70B replica on GPUs
+takes minutes; cpu-tiny here ~30 s)."""
+
 
 def build_policy(
     policy: PolicyName,
@@ -204,6 +208,9 @@ class GateConfig:
     (`pipelines/request_journal.py`); the run folder's, so the Gate runs on the driver's node."""
     lease_s: float = DEFAULT_LEASE_S
     """How long a worker's seats outlive its last word (`pipelines/seat_leases.py`)."""
+    down_grace_s: float = DEFAULT_DOWN_GRACE_S
+    """How long requests wait for a replica to answer again once every replica is marked down,
+    before they fail: a replica restarted under its URL within it resumes the night."""
 
     def __post_init__(self) -> None:
         if self.slo is None:  # callers pass slo=None for "the default SLO"
@@ -221,5 +228,8 @@ class GateConfig:
         if not self.lease_s > 0:
             raise ValueError(f"lease_s {self.lease_s} must be positive seconds; the default is "
                              f"{DEFAULT_LEASE_S}")  # fmt: skip
+        if not self.down_grace_s >= 0:
+            raise ValueError(f"down_grace_s {self.down_grace_s} must be seconds, 0 or more; the "
+                             f"default is {DEFAULT_DOWN_GRACE_S}")  # fmt: skip
         check_interval(self.policy, self.controller, self.interval_s)
         check_sensor_spec(self.sensor or {})

@@ -29,6 +29,7 @@ import pyarrow.compute as pc
 from pipelines.config import PipelineConfig
 from pipelines.corpus import classify, read_corpus
 from pipelines.errors import GateLost
+from pipelines.gate_setup import DEFAULT_DOWN_GRACE_S
 from pipelines.progress import RunProgress
 from pipelines.request_journal import GATE_DIED_IN_FLIGHT, KILLED_IN_FLIGHT
 from pipelines.run_metrics import RunMetrics
@@ -73,6 +74,9 @@ class JobSpec:
     `/metrics` with p99s sliding over the SLO's window, the span the SLO is judged over, and ITL
     from the engine's histogram, the figure the run's windows are judged by."""
     interval_s: float = 2.0
+    down_grace_s: float = DEFAULT_DOWN_GRACE_S
+    """How long the night waits for a replica to answer again once every replica is down, before
+    the documents waiting fail (`pipelines.gate_setup.GateConfig`)."""
     metrics: RunMetrics | None = None
     """Where the run's and the Gate's series go (the flow serves and pushes them for the night);
     None keeps them in the process only."""
@@ -281,6 +285,7 @@ def _start_gate(spec: JobSpec, engine: EngineConfig, journal: Path):
         auth=auth,
         sensor=sensor,
         interval_s=spec.interval_s,
+        down_grace_s=spec.down_grace_s,
         controller=spec.controller or engine.controller,
         engine_flags=engine.vllm,
         journal=str(journal),

@@ -117,7 +117,7 @@ def test_seats_are_respected_under_concurrency(gates):
 
 def test_routing_prefers_headroom_and_mark_down_reroutes(gates):
     script = [{"r0": {"kv_usage": 0.6}, "r1": {"kv_usage": 0.2}}]
-    gate = gates("route", script, policy="static", static_caps=(2, 512))
+    gate = gates("route", script, policy="static", static_caps=(2, 512), down_grace_s=0)
     first, second, third = (ray.get(gate.acquire.remote(f"d{i}", 100)) for i in range(3))
     assert first.replica == "r1"  # equal free seats: lower KV usage wins
     assert second.replica == "r0"  # r0 now has more free seats
@@ -134,7 +134,7 @@ def test_routing_prefers_headroom_and_mark_down_reroutes(gates):
     caps = ray.get(gate.caps.remote())
     assert caps["r1"]["pause"] and caps["r1"]["reason"] == "down"
     ray.get(gate.mark_down.remote("r0"))
-    with pytest.raises(ray.exceptions.RayTaskError, match="every replica is marked down"):
+    with pytest.raises(ray.exceptions.RayTaskError, match="every replica has been marked down"):
         ray.get(gate.acquire.remote("d5", 100))
 
 
@@ -421,3 +421,28 @@ def test_a_replica_marked_down_rejoins_once_the_sensor_reads_it_again(gates):
     ray.get(gate.poll_now.remote())
     assert ray.get(gate.caps.remote())["r1"]["reason"] != "down"
     assert ray.get(gate.acquire.remote("d1", 100), timeout=5.0).replica == "r1"
+
+
+def test_with_every_replica_down_requests_wait_out_the_grace_for_a_restart_then_fail(gates):
+    script = [
+        {"r0": {"kv_usage": 0.1}},
+        {"r0": {"fresh": False}},  # restarting: not answering
+        {"r0": {"kv_usage": 0.1}},  # serving again under its URL
+    ]
+    gate = gates("grace", script, replicas=REPLICAS[:1], policy="static", static_caps=(1, 512),
+                 down_grace_s=QUIET)  # fmt: skip
+    ray.get(gate.mark_down.remote("r0"))
+    waiting = gate.acquire.remote("d0", 100)
+    ray.get(gate.poll_now.remote())
+    assert not ready([waiting], timeout=0.5)  # down, within the grace: it waits, it does not fail
+    ray.get(gate.poll_now.remote())
+    assert ray.get(waiting, timeout=5.0).replica == "r0"  # the restarted replica takes it
+
+    brief = gates("brief", script[:2], replicas=REPLICAS[:1], policy="static",
+                  static_caps=(1, 512), down_grace_s=0.3)  # fmt: skip
+    ray.get(brief.mark_down.remote("r0"))
+    given_up = brief.acquire.remote("d1", 100)
+    time.sleep(0.4)
+    ray.get(brief.poll_now.remote())  # a poll wakes the waiters, past the grace
+    with pytest.raises(ray.exceptions.RayTaskError, match=r"down_grace_s 0\.3"):
+        ray.get(given_up, timeout=5.0)
