@@ -202,9 +202,11 @@ class ReplicaSet:
                 started.append(
                     self._spawn(config, config_path, argv[p], host, p, tie_to_caller, extra_env)
                 )
+            key = serving_key(config, {**os.environ, **engine_env(config, os.environ),
+                                       **(extra_env or {})})  # fmt: skip
             for r in started:
                 wait_healthy(r, timeout_s)
-                warm_up(r, int(config.flag("max-num-batched-tokens", 512)))
+                warm_up(r, int(config.flag("max-num-batched-tokens", 512)), key)
         except BaseException:
             self.down([r.name for r in started])
             raise
@@ -334,14 +336,24 @@ def wait_healthy(replica: Replica, timeout_s: float) -> None:
     )
 
 
-def warm_up(replica: Replica, step_tokens: int) -> None:
+def serving_key(config: EngineConfig, env: Mapping[str, str]) -> str | None:
+    """The API key a replica of `config` serves behind: its `api-key` flag, else the
+    `VLLM_API_KEY` of the environment it is started with (vLLM's own order)."""
+    key = config.flag("api-key")
+    return str(key) if key else env.get("VLLM_API_KEY") or None
+
+
+def warm_up(replica: Replica, step_tokens: int, api_key: str | None = None) -> None:
     """Run a short and a budget-sized request so first-use compilation is not billed to the
-    first real request (on the CPU engine it shows as a TTFT of hundreds of milliseconds)."""
+    first real request (on the CPU engine it shows as a TTFT of hundreds of milliseconds). A
+    replica behind a key is warmed up with it (without, it answers 401 and stays cold)."""
     words = max(8, step_tokens // 2)
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     for prompt, n in (("warm up", 4), (" ".join(["warm"] * words), 16)):
         try:
             httpx.post(
                 f"{replica.base_url}/v1/completions",
+                headers=headers,
                 timeout=120.0,
                 json={
                     "model": replica.served_model,
