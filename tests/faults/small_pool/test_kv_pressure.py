@@ -18,7 +18,6 @@ from pathlib import Path
 import httpx
 import pyarrow.parquet as pq
 import pytest
-import yaml
 
 from pipelines.config import PipelineConfig
 from scheduler.budget_controller import BudgetControllerConfig
@@ -26,28 +25,16 @@ from serving.metrics import parse_metrics
 from serving.sensors import kv_capacity_tokens
 from tests.faults.chat_user import ChatUser
 from tests.faults.one_replica.night import corpus, start_run
-from tests.replicas import TINY, replica_of
+from tests.faults.small_pool.conftest import BLOCKS
 from warehouse.run_files import read_table
 
 pytestmark = pytest.mark.engine
 
-BLOCKS = 256
-"""The replica's KV pool in 32-token blocks: 8,192 tokens."""
 WORDS = 250
 """Words per document: ~900 prompt tokens (cpu-tiny's tokenizer makes ~3.6 of these words), 29
 blocks: eight prompts fit the pool (232 blocks), eight prompts and summaries (280) do not."""
 DOCS = [f"doc-{i:02d}" for i in range(16)]
 UNGUARDED = 8
-
-
-@pytest.fixture(scope="module")
-def replica(tmp_path_factory):
-    doc = yaml.safe_load(TINY.read_text())
-    doc["vllm"]["num-gpu-blocks-override"] = BLOCKS
-    path = tmp_path_factory.mktemp("cfg") / "cpu-tiny-small-kv.yaml"
-    path.write_text(yaml.safe_dump(doc))
-    with replica_of(path, tmp_path_factory) as started:
-        yield started
 
 
 def metrics(replica):
