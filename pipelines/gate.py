@@ -287,7 +287,7 @@ class GateActor:
         return self._caps()
 
     async def decision_rows(self) -> list[dict]:
-        """Every decision so far, as rows of the decisions table."""
+        """Every decision so far (the run's decisions table gets them through the journal)."""
         return list(self._rows)
 
     async def engine_step_rows(self) -> list[dict]:
@@ -333,6 +333,8 @@ class GateActor:
         if self.plugin is not None:
             for row in self.plugin.step_rows[self._steps_exported :]:
                 self.metrics.record_steps(row)
+                if self.journal is not None:
+                    self.journal.recorded("engine_steps", {"run_id": self.run_id, **row})
             self._steps_exported = len(self.plugin.step_rows)
             for name, doc in self.plugin.latest.items():
                 self.metrics.record_status(name, doc)
@@ -413,7 +415,10 @@ class GateActor:
         )
         r.decision, r.observation = decision, obs
         r.granted_kv_tokens = 0
-        self._rows.append(_row(self.run_id, obs, decision))
+        row = _row(self.run_id, obs, decision)
+        self._rows.append(row)
+        if self.journal is not None:
+            self.journal.recorded("decisions", row)
         self.metrics.record(obs, decision, len(r.held))
         level = logging.INFO if changed else logging.DEBUG
         log.log(level, "%s: %s in_flight=%d", r.name, decision, len(r.held))

@@ -160,8 +160,6 @@ def run_job(spec: JobSpec) -> JobResult:
                         spec.on_summarize_start()
                     timers.append(_stop_later(gate, spec.stop_after_s))
                     totals = _summarize(ray, tokenized, spec, engine, store, gate, metrics)
-            store.write_decisions(ray.get(gate.decision_rows.remote()))
-            store.write_engine_steps(ray.get(gate.engine_step_rows.remote()))
         except Exception as exc:
             if _gate_alive(ray, gate):
                 raise
@@ -175,7 +173,8 @@ def run_job(spec: JobSpec) -> JobResult:
                     timer.cancel()
             metrics.relay(None)
             _stop_gate(ray, gate)
-            # What this attempt cancelled in flight, or what the Gate had granted when it died.
+            # What this attempt cancelled in flight, or what the Gate had granted when it died,
+            # and the Gate's decisions and engine-step rows up to its last.
             store.recover_journal(GATE_DIED_IN_FLIGHT if gate_lost else KILLED_IN_FLIGHT)
             store.write_engine_itl(itl.series.rows(spec.run_id))
     store.finish(meta)

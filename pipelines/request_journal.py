@@ -7,11 +7,16 @@ show less work than the replicas did. So the Gate appends one JSON line per gran
 to `runs/<run_id>/journal/<attempt>.jsonl` the moment it happens, before the permit is returned: a
 line written is in the kernel's page cache, so it survives the death of any process.
 
+The Gate's own records, its decisions and the engine plug-ins' status as it read them, are
+journaled the same way, one line per row as it is made, and reach the run's tables only from the
+journal: an attempt whose Gate was killed keeps them up to its last line.
+
 On the next start of the run, and at the end of every attempt, `RunStore.recover_journal` turns
 what the journal holds and the requests table does not into request rows, marked for what they
 were: `cancelled`, with an error that starts with `killed:`, for requests of documents that did not
-finish; the original status with a `recovered:` note for requests of documents that did. The
-journal is then removed, so a request is recorded once.
+finish; the original status with a `recovered:` note for requests of documents that did; and it
+writes the journaled decision and engine-step rows. The journal is then removed, so a request or
+a decision is recorded once.
 """
 
 from __future__ import annotations
@@ -29,6 +34,8 @@ KILLED_UNFINISHED = (
     "killed: the run stopped before document {doc_id} finished (request ended {status})"
 )
 RECOVERED = "recovered: the run stopped before this record was written with its document"
+JOURNALED_TABLES = ("decisions", "engine_steps")
+"""The run tables the Gate writes only through the journal."""
 
 
 class RequestJournal:
@@ -62,6 +69,12 @@ class RequestJournal:
             event["reason"] = reason
         self._write(event)
 
+    def recorded(self, table: str, row: dict) -> None:
+        """A row of one of the Gate's own tables (`JOURNALED_TABLES`), as it is made."""
+        if table not in JOURNALED_TABLES:
+            raise ValueError(f"table {table!r} is not journaled; journaled: {JOURNALED_TABLES}")
+        self._write({"event": "row", "table": table, "row": row})
+
     def close(self) -> None:
         if self._file is not None:
             self._file.close()
@@ -81,6 +94,15 @@ def read_events(path: Path) -> list[dict]:
         except json.JSONDecodeError:
             continue
     return events
+
+
+def journaled_rows(events: Iterable[dict]) -> dict[str, list[dict]]:
+    """The rows of each journaled table, in the order they were made. Pure."""
+    tables: dict[str, list[dict]] = {t: [] for t in JOURNALED_TABLES}
+    for e in events:
+        if e.get("event") == "row" and e.get("table") in tables:
+            tables[e["table"]].append(e["row"])
+    return tables
 
 
 def unrecorded_requests(

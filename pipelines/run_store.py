@@ -20,7 +20,12 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from pipelines.request_journal import KILLED_IN_FLIGHT, read_events, unrecorded_requests
+from pipelines.request_journal import (
+    KILLED_IN_FLIGHT,
+    journaled_rows,
+    read_events,
+    unrecorded_requests,
+)
 from warehouse.run_files import (
     RunFilesError,
     RunMeta,
@@ -69,10 +74,10 @@ class RunStore:
         return self.dir / "journal" / f"{time.time_ns()}.jsonl"
 
     def recover_journal(self, killed: str = KILLED_IN_FLIGHT) -> list[dict]:
-        """Write the request rows the journal holds and the requests table lacks, then remove the
-        journal: called when an attempt starts (an earlier one may have been killed) and when it
-        ends. `killed` is the error of requests granted and never released. Returns the rows
-        written."""
+        """Write the request rows the journal holds and the requests table lacks, and the Gate's
+        journaled decision and engine-step rows, then remove the journal: called when an attempt
+        starts (an earlier one may have been killed) and when it ends. `killed` is the error of
+        requests granted and never released. Returns the request rows written."""
         folder = self.dir / "journal"
         files = sorted(folder.glob("*.jsonl")) if folder.is_dir() else []
         if not files:
@@ -85,6 +90,9 @@ class RunStore:
         rows = unrecorded_requests(self.run_id, events, recorded, finished, killed)
         if rows:
             self._part("requests", rows)
+        for table, made in journaled_rows(events).items():
+            if made:
+                self._part(table, made)
         for f in files:
             f.unlink()
         return rows
@@ -146,20 +154,11 @@ class RunStore:
         if gaps:
             self._part("token_gaps", gaps)
 
-    def write_decisions(self, rows: list[dict]) -> None:
-        if rows:
-            self._part("decisions", rows)
-
     def write_engine_itl(self, rows: list[dict]) -> None:
         """The replicas' ITL histogram through one attempt (`serving.engine_itl`): the morning
         report judges chat ITL by it, since in production nightshift never sees chat's tokens."""
         if rows:
             self._part("engine_itl", rows)
-
-    def write_engine_steps(self, rows: list[dict]) -> None:
-        """The engine plug-in's status as the Gate read it (`serving.plugin_sensor`)."""
-        if rows:
-            self._part("engine_steps", rows)
 
     def finish(self, meta: RunMeta) -> RunMeta:
         """Compact the documents table and stamp the end time."""

@@ -11,7 +11,6 @@ from flows.cli import app
 from scheduler.latency_model import LatencyModel
 from scheduler.step import PrefillChunk, StepBatch
 from serving.step_samples import read_samples
-
 from tests.replicas import TINY
 
 pytestmark = pytest.mark.engine

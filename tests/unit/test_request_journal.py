@@ -4,11 +4,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from pipelines.request_journal import (
     GATE_DIED_IN_FLIGHT,
     KILLED_IN_FLIGHT,
     WORKER_DIED_IN_FLIGHT,
     RequestJournal,
+    journaled_rows,
     read_events,
     unrecorded_requests,
 )
@@ -94,3 +97,29 @@ def test_a_permit_given_back_without_a_record_keeps_the_reason_it_was_given_back
     ]  # fmt: skip
     (row,) = unrecorded_requests("r", events, recorded=set(), finished_docs={"d"})
     assert (row["status"], row["error"]) == ("cancelled", WORKER_DIED_IN_FLIGHT)
+
+
+def test_the_gates_own_rows_are_recorded_from_the_journal_once(tmp_path: Path) -> None:
+    store = RunStore(tmp_path, "r")
+    store.begin(RunMeta(run_id="r", corpus_fingerprint="f"))
+    path = store.new_journal()
+    j = RequestJournal(path)
+    decision = {"run_id": "r", "t": 1.0, "replica": "a", "batch_seats": 2, "chunk_tokens": 0,
+                "pause": False, "reason": "hold", "batch_step_target_ms": 20.0}  # fmt: skip
+    j.recorded("decisions", decision)
+    j.recorded("decisions", {**decision, "t": 3.0, "reason": "cut"})
+    j.recorded("engine_steps", {"run_id": "r", "t": 2.0, "replica": "a", "steps": 40})
+    j.close()  # a Gate killed here: its rows are in the journal, nowhere else
+    events = read_events(path)
+    assert [r["t"] for r in journaled_rows(events)["decisions"]] == [1.0, 3.0]
+    store.recover_journal()
+    store.recover_journal()  # the journal is gone: nothing recorded twice
+    decisions = read_table(store.dir, "decisions").to_pylist()
+    assert [(d["t"], d["reason"]) for d in decisions] == [(1.0, "hold"), (3.0, "cut")]
+    assert read_table(store.dir, "engine_steps").column("steps").to_pylist() == [40]
+
+
+def test_only_the_gates_tables_are_journaled(tmp_path: Path) -> None:
+    j = RequestJournal(tmp_path / "j.jsonl")
+    with pytest.raises(ValueError, match="'summaries' is not journaled"):
+        j.recorded("summaries", {})

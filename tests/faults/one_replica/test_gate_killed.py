@@ -18,6 +18,7 @@ import pytest
 from pipelines.request_journal import GATE_DIED_IN_FLIGHT
 from tests.faults.one_replica.night import assert_whole_once, corpus, start_run, summaries_so_far
 from tests.faults.processes import command, descendants
+from warehouse.run_files import read_table
 
 pytestmark = pytest.mark.engine
 
@@ -60,5 +61,12 @@ def test_a_killed_gate_ends_the_attempt_and_the_retry_loses_and_repeats_nothing(
     assert rows == distinct == len(DOCS)
     docs = con.execute("select count(*) from documents where run_id = 'gate-killed'").fetchone()
     assert docs[0] == len(DOCS)
+    decisions = read_table(run_dir, "decisions").column("t").to_pylist()
+    before_kill = [t for t in decisions if t < killed_at]
+    assert before_kill, "the killed Gate's decisions were lost"  # journaled as they were made
+    assert any(t > killed_at for t in decisions)  # and the retry's own
     said = next(line for line in out.splitlines() if "Gate actor died" in line)
-    print(f"killed {len(killed)} in flight, {len(done_before)} done before the kill; {said}")
+    print(
+        f"killed {len(killed)} in flight, {len(done_before)} done before the kill; "
+        f"{len(before_kill)} of {len(decisions)} decisions from the killed attempt; {said}"
+    )
