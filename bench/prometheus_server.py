@@ -32,17 +32,24 @@ class PrometheusStartError(RuntimeError):
     """The server did not become ready; the message carries its log's tail."""
 
 
-def write_config(path: Path, jobs: Mapping[str, Sequence[str]], interval_s: float = 1.0) -> Path:
-    """prometheus.yml with one static scrape job per entry of `jobs` (name -> `host:port`s). The
-    scrape timeout equals the interval: Prometheus refuses a longer one."""
+def write_config(
+    path: Path,
+    jobs: Mapping[str, Sequence[str]],
+    interval_s: float = 1.0,
+    rule_files: Sequence[Path] = (),
+) -> Path:
+    """prometheus.yml with one static scrape job per entry of `jobs` (name -> `host:port`s), and
+    `rule_files` evaluated every interval. The scrape timeout equals the interval: Prometheus
+    refuses a longer one."""
     interval = f"{interval_s:g}s"
-    config = {
-        "global": {"scrape_interval": interval, "scrape_timeout": interval},
-        "scrape_configs": [
-            {"job_name": name, "static_configs": [{"targets": list(targets)}]}
-            for name, targets in jobs.items()
-        ],
-    }
+    config: dict = {"global": {"scrape_interval": interval, "scrape_timeout": interval}}
+    if rule_files:
+        config["global"]["evaluation_interval"] = interval
+        config["rule_files"] = [str(f) for f in rule_files]
+    config["scrape_configs"] = [
+        {"job_name": name, "static_configs": [{"targets": list(targets)}]}
+        for name, targets in jobs.items()
+    ]
     path.write_text(yaml.safe_dump(config, sort_keys=False))
     return path
 
@@ -50,8 +57,10 @@ def write_config(path: Path, jobs: Mapping[str, Sequence[str]], interval_s: floa
 class PrometheusServer:
     """`start()` it, read `url` and `pid`, `stop()` it (idempotent, and also when SIGSTOPped)."""
 
-    def __init__(self, workdir: Path, jobs: Mapping[str, Sequence[str]]) -> None:
-        self.workdir, self.jobs = workdir, jobs
+    def __init__(
+        self, workdir: Path, jobs: Mapping[str, Sequence[str]], rule_files: Sequence[Path] = ()
+    ) -> None:
+        self.workdir, self.jobs, self.rule_files = workdir, jobs, tuple(rule_files)
         self.proc: subprocess.Popen | None = None
         self.url = ""
 
@@ -65,7 +74,9 @@ class PrometheusServer:
         if binary is None:
             raise PrometheusStartError(f"`prometheus` is not on PATH; {INSTALL_HINT}")
         self.workdir.mkdir(parents=True, exist_ok=True)
-        config = write_config(self.workdir / "prometheus.yml", self.jobs)
+        config = write_config(
+            self.workdir / "prometheus.yml", self.jobs, rule_files=self.rule_files
+        )
         port = free_port(9090)
         log = self.workdir / "prometheus.log"
         argv = [

@@ -20,7 +20,7 @@ import shutil
 import subprocess
 import threading
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
@@ -291,33 +291,11 @@ def night_in_trouble(tmp_path_factory) -> Iterator[str]:
     dashboard query and rule has data to answer with; yields its URL."""
     if prom.prometheus_binary() is None:
         pytest.skip(f"`prometheus` is not on PATH; {INSTALL_HINT}")
-    with exporters() as targets, rules_loaded():
+    with exporters() as targets:
         workdir = tmp_path_factory.mktemp("prometheus")
-        with prometheus_server(workdir, targets) as url:
+        with prometheus_server(workdir, targets, rule_files=[RULES]) as url:
             wait_until_ready(url, targets=len(targets))
             yield url
-
-
-@contextlib.contextmanager
-def rules_loaded() -> Iterator[None]:
-    """While active, the helper's Prometheus also loads RULES and evaluates them every interval.
-
-    The helper writes a scrape-only config; this wraps its config writer to add the rule file."""
-    original = prom.write_config
-
-    def write_config(
-        path: Path, jobs: Mapping[str, Sequence[str]], interval_s: float = 1.0
-    ) -> Path:
-        written = original(path, jobs, interval_s)
-        config = yaml.safe_load(written.read_text())
-        config["global"]["evaluation_interval"] = f"{interval_s:g}s"
-        config["rule_files"] = [str(RULES)]
-        written.write_text(yaml.safe_dump(config, sort_keys=False))
-        return written
-
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(prom, "write_config", write_config)
-        yield
 
 
 @contextlib.contextmanager
