@@ -65,9 +65,10 @@ def cluster(node_cwd, tmp_path_factory):
 
 @pytest.mark.xfail(
     strict=False,
-    reason="open: on a loaded 2-core host the run's Gate actor died once during tokenizing on "
-    "this two-node cluster (RayActorError; cause not found: the nodes' logs are kept from now on, "
-    "under pytest's ray-logs temp dir)",
+    reason="open: after another module's local ray.init() the driver runs with token auth "
+    "(Ray sets RAY_AUTH_MODE=token in os.environ and keeps it) while the nodes run without: it "
+    "refuses their calls ('Missing authorization header') and the GCS destroys the Gate at its "
+    "creation. Setting the mode back in the fixture was not enough; passes alone",
 )
 def test_a_night_spreads_over_two_nodes_and_leaves_the_cluster_up(
     cluster, node_cwd: Path, tiny_replica, tmp_path: Path, monkeypatch
