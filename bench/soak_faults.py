@@ -15,6 +15,7 @@ import signal
 import time
 from collections.abc import Callable
 
+from bench import processes
 from bench import soak_processes as procs
 from bench.soak_night import Night
 from bench.soak_plan import PROMETHEUS_STOP_S, may_start_attempt
@@ -34,14 +35,14 @@ def _run_processes(night: Night, match: Callable[[str], bool], wait_s: float) ->
         run = night.run
         if run is None or night.run_ended():
             return []
-        found = [p for p in procs.descendants(run.proc.pid) if match(procs.command(p))]
+        found = [p for p in processes.descendants(run.proc.pid) if match(processes.command(p))]
         if found or time.monotonic() >= deadline:
             return sorted(found)
         time.sleep(1.0)
 
 
 def _kill(pid: int) -> str:
-    cmd = procs.command(pid)
+    cmd = processes.command(pid)
     with contextlib.suppress(ProcessLookupError):
         os.kill(pid, signal.SIGKILL)
     return f"killed {pid} ({cmd[:60]})"
@@ -119,11 +120,11 @@ def run_killed(night: Night, deadline_ts: float, wait_s: float = TARGET_WAIT_S) 
     attempt = night.run
     if attempt is None or night.run_ended():
         return {"ok": False, "detail": "no run attempt running", "ended_at": time.time()}
-    tree = procs.descendants(attempt.proc.pid)
+    tree = processes.descendants(attempt.proc.pid)
     os.kill(attempt.proc.pid, signal.SIGKILL)
     attempt.proc.wait()
     night.run_ended()
-    agents = {p for p in tree if procs.command(p).startswith(RAY_AGENTS)}
+    agents = {p for p in tree if processes.command(p).startswith(RAY_AGENTS)}
     left = procs.wait_gone(tree - agents, timeout_s=60)
     detail = (
         f"killed run attempt {attempt.number} ({attempt.proc.pid}) and {len(tree)} processes "
@@ -137,7 +138,7 @@ def run_killed(night: Night, deadline_ts: float, wait_s: float = TARGET_WAIT_S) 
         "ok": not left,
         "detail": f"{detail}; attempt {rerun.number} started with the same run id",
         "ended_at": time.time(),
-        "left": [procs.command(p)[:120] for p in sorted(left)],
+        "left": [processes.command(p)[:120] for p in sorted(left)],
     }
 
 

@@ -1,6 +1,6 @@
 """Resident memory of the night's long-lived processes, by role, and its growth over the night.
 
-Pure: command lines and VmRSS figures in, roles and growth out (`bench.soak_processes` reads
+Pure: command lines and VmRSS figures in, roles and growth out (`bench.processes` reads
 /proc). A role groups the processes that do one job (the replica's engine core, Ray's raylet, the
 summarizer workers), because the faults replace processes: the engine core at the end of the
 night may be another process than at its start. Growth is judged per process of a role (its

@@ -19,6 +19,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from bench import processes
 from bench import soak_processes as procs
 from bench.prometheus_server import PrometheusServer
 from bench.soak_report import parse_run_summary
@@ -101,7 +102,7 @@ class Night:
             os.killpg(self.replica.pid, signal.SIGKILL)
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline and (
-            procs.alive({self.replica.pid}) or port_in_use(self.replica.host, self.replica.port)
+            processes.alive({self.replica.pid}) or port_in_use(self.replica.host, self.replica.port)
         ):
             procs.reap_orphans()
             time.sleep(0.25)
@@ -191,8 +192,8 @@ class Night:
             self.replicas.down([self.replica.name])
         if self.prometheus is not None:
             self.prometheus.stop()
-        left = procs.descendants(os.getpid())
-        named = [f"{p} {procs.command(p)}" for p in sorted(left)]
+        left = processes.descendants(os.getpid())
+        named = [f"{p} {processes.command(p)}" for p in sorted(left)]
         procs.stop_all(left)
         procs.reap_orphans()
         return named

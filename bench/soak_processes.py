@@ -1,4 +1,4 @@
-"""The soak's processes as /proc shows them: trees, resident memory, and stopping what is left.
+"""The soak's hold on its processes: orphans reparented to it, reaped, and stopped at its end.
 
 The soak makes itself a child subreaper (Linux `PR_SET_CHILD_SUBREAPER`): a process it started,
 at any depth, whose parent dies (a `nightshift run` killed with -9 leaves Ray's agents behind for a
@@ -14,9 +14,10 @@ import contextlib
 import ctypes
 import os
 import signal
-import time
 from collections.abc import Iterable
-from pathlib import Path
+
+from bench import processes
+from bench.processes import alive, parents
 
 PR_SET_CHILD_SUBREAPER = 36
 _WAITED_BY_POPEN: set[int] = set()
@@ -36,63 +37,11 @@ def become_subreaper() -> bool:
     return libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
 
 
-def _stat(pid: int) -> list[str] | None:
-    """/proc/PID/stat's fields after the command name (state first), or None once it is gone."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except (OSError, IndexError):
-        return None
-
-
-def _parents() -> dict[int, tuple[int, str]]:
-    """Every process's parent and state."""
-    out = {}
-    for d in Path("/proc").glob("[0-9]*"):
-        fields = _stat(int(d.name))
-        if fields is not None:
-            out[int(d.name)] = (int(fields[1]), fields[0])
-    return out
-
-
-def descendants(pid: int) -> set[int]:
-    """Every live (not zombie) process below `pid`, at any depth."""
-    parents = _parents()
-    found: set[int] = set()
-    frontier = {pid}
-    while frontier:
-        frontier = {p for p, (parent, _) in parents.items() if parent in frontier} - found
-        found |= frontier
-    return {p for p in found if parents[p][1] != "Z"}
-
-
-def alive(pids: Iterable[int]) -> set[int]:
-    return {p for p in pids if (f := _stat(p)) is not None and f[0] != "Z"}
-
-
-def command(pid: int) -> str:
-    try:
-        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
-    except OSError:
-        return "?"
-    return raw.replace(b"\0", b" ").decode(errors="replace").strip()[:300]
-
-
-def rss_kib(pid: int) -> int | None:
-    """VmRSS of `pid` in KiB; None once it is gone (or a kernel thread, which has none)."""
-    try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1])
-    except (OSError, ValueError, IndexError):
-        return None
-    return None
-
-
 def reap_orphans() -> None:
     """Collect the exit status of reparented children that have ended, except those a Popen
     object waits for (`popen_child`)."""
     mine = os.getpid()
-    for pid, (parent, state) in _parents().items():
+    for pid, (parent, state) in parents().items():
         if parent == mine and state == "Z" and pid not in _WAITED_BY_POPEN:
             with contextlib.suppress(ChildProcessError, OSError):
                 os.waitpid(pid, os.WNOHANG)
@@ -115,10 +64,6 @@ def stop_all(pids: Iterable[int], grace_s: float = 10.0) -> set[int]:
 
 
 def wait_gone(pids: Iterable[int], timeout_s: float) -> set[int]:
-    """Wait up to `timeout_s` for `pids` to end; returns those still alive then."""
-    pids = set(pids)
-    deadline = time.monotonic() + timeout_s
-    while (left := alive(pids)) and time.monotonic() < deadline:
-        reap_orphans()
-        time.sleep(0.25)
-    return left
+    """`bench.processes.wait_gone`, reaping orphans while it waits (their zombies would
+    otherwise never read as gone to the soak, their parent)."""
+    return processes.wait_gone(pids, timeout_s, while_waiting=reap_orphans)

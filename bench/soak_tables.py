@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 
-from bench import soak_processes as procs
+from bench import processes
 from bench.soak_memory import ProcessMemory, by_role, growth, unmeasured
 from bench.soak_night import Night
 from bench.soak_report import failures, ledger, metrics_outage, slo_windows_held
@@ -56,10 +56,10 @@ def sample_memory(night: Night) -> list[ProcessMemory]:
         roots.append(("chat-load", night.chat.pid))
     sample = []
     for owner, root in roots:
-        for pid in sorted({root} | procs.descendants(root)):
-            rss = procs.rss_kib(pid)
+        for pid in sorted({root} | processes.descendants(root)):
+            rss = processes.rss_kib(pid)
             if rss:
-                sample.append(ProcessMemory(pid, owner, procs.command(pid), rss, pid == root))
+                sample.append(ProcessMemory(pid, owner, processes.command(pid), rss, pid == root))
     return sample
 
 

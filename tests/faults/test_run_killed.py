@@ -17,7 +17,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from tests.faults.processes import command, descendants, wait_gone
+from bench.processes import command, descendants, wait_gone
 from tests.replicas import TINY
 from warehouse.run_files import read_table
 

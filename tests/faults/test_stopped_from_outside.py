@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from bench.processes import command, descendants, group_members, wait_gone
 from serving.launcher import port_in_use
-from tests.faults.processes import command, descendants, group_members, wait_gone
 from tests.replicas import TINY, free_port_block
 
 pytestmark = pytest.mark.engine

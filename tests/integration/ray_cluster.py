@@ -27,7 +27,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from tests.faults.processes import session_members, wait_gone
+from bench.processes import session_members, wait_gone
 from tests.replicas import free_port_block
 
 RAY = Path(sys.executable).parent / "ray"

@@ -12,7 +12,7 @@ import httpx
 import pytest
 import yaml
 
-from tests.faults.processes import group_members
+from bench.processes import group_members
 from tests.replicas import TINY, free_port_block
 
 NIGHTSHIFT = [sys.executable, "-m", "flows.cli"]

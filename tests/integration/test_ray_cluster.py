@@ -20,9 +20,9 @@ import pytest
 import ray
 import yaml
 
+from bench.processes import session_members
 from pipelines.gate import gate_name
 from pipelines.job import run_job
-from tests.faults.processes import session_members
 from tests.integration.ray_cluster import ray_cluster
 from tests.integration.test_pipeline import spec_for, write_corpus
 from warehouse.run_files import read_table

@@ -14,10 +14,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from bench.processes import descendants, listening_address
 from pipelines.gate_metrics import GateMetrics
 from pipelines.run_metrics import RunMetrics
 from tests.faults.one_replica.conftest import FIT, KEY
-from tests.faults.processes import descendants, listening_address
 from tests.replicas import TINY
 from warehouse.run_files import read_table
 

@@ -15,9 +15,9 @@ from pathlib import Path
 import duckdb
 import pytest
 
+from bench.processes import command, descendants
 from pipelines.request_journal import GATE_DIED_IN_FLIGHT
 from tests.faults.one_replica.night import assert_whole_once, corpus, start_run, summaries_so_far
-from tests.faults.processes import command, descendants
 from warehouse.run_files import read_table
 
 pytestmark = pytest.mark.engine

@@ -15,12 +15,12 @@ from pathlib import Path
 
 import pytest
 
+from bench.processes import descendants
 from scheduler.budget_controller import BudgetControllerConfig
 from serving.engine_site.control_files import STATUS_FILE
 from tests.faults.chat_user import ChatUser
 from tests.faults.one_replica.conftest import KEY
 from tests.faults.one_replica.night import corpus, start_run, summaries_so_far
-from tests.faults.processes import descendants
 from tests.integration.prometheus_server import prometheus_server
 from warehouse.run_files import read_table
 

@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
+from bench.processes import command, descendants
 from pipelines.request_journal import WORKER_DIED_IN_FLIGHT
 from tests.faults.one_replica.night import assert_whole_once, corpus, start_run, summaries_so_far
-from tests.faults.processes import command, descendants
 
 pytestmark = pytest.mark.engine
 

@@ -1,32 +1,46 @@
-"""What a command left running: its process tree, read from /proc, and waiting for it to go."""
+"""What /proc shows of this host's processes: trees, groups, sessions, memory, listening sockets.
+
+Reading only: nothing here signals or reaps a process, so a test can use it beside the
+`subprocess.Popen` objects that wait for their own children (`bench.soak_processes` adds the
+soak's reaping and stopping on top). A zombie counts as gone everywhere: it has exited and holds
+nothing but its process-table entry.
+"""
 
 from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 
 def _stat(pid: int) -> list[str] | None:
+    """/proc/PID/stat's fields after the command name (state first), or None once it is gone."""
     try:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
+    except (OSError, IndexError):
         return None
+
+
+def parents() -> dict[int, tuple[int, str]]:
+    """Every process's parent and state."""
+    out = {}
+    for d in Path("/proc").glob("[0-9]*"):
+        fields = _stat(int(d.name))
+        if fields is not None:
+            out[int(d.name)] = (int(fields[1]), fields[0])
+    return out
 
 
 def descendants(pid: int) -> set[int]:
     """Every live process below `pid`, at any depth (children of children included)."""
-    parents: dict[int, int] = {}
-    for d in Path("/proc").glob("[0-9]*"):
-        fields = _stat(int(d.name))
-        if fields is not None:
-            parents[int(d.name)] = int(fields[1])
+    table = parents()
     found: set[int] = set()
     frontier = {pid}
     while frontier:
-        frontier = {p for p, parent in parents.items() if parent in frontier} - found
+        frontier = {p for p, (parent, _) in table.items() if parent in frontier} - found
         found |= frontier
-    return found
+    return {p for p in found if table[p][1] != "Z"}
 
 
 def group_members(pgid: int) -> set[int]:
@@ -50,23 +64,41 @@ def _members(field: int, value: int) -> set[int]:
     return members
 
 
-def alive(pids: set[int]) -> set[int]:
-    """Those of `pids` still running (a zombie has exited and holds nothing but its entry)."""
+def alive(pids: Iterable[int]) -> set[int]:
+    """Those of `pids` still running."""
     return {p for p in pids if (f := _stat(p)) is not None and f[0] != "Z"}
 
 
 def command(pid: int) -> str:
+    """The command line of `pid`, at most 300 characters; "?" once it is gone."""
     try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()[:200]
+        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
     except OSError:
         return "?"
+    return raw.replace(b"\0", b" ").decode(errors="replace").strip()[:300]
 
 
-def wait_gone(pids: set[int], timeout_s: float) -> set[int]:
-    """Wait up to `timeout_s` for `pids` to exit; returns those still alive then."""
+def rss_kib(pid: int) -> int | None:
+    """VmRSS of `pid` in KiB; None once it is gone (or a kernel thread, which has none)."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def wait_gone(
+    pids: Iterable[int], timeout_s: float, while_waiting: Callable[[], None] = lambda: None
+) -> set[int]:
+    """Wait up to `timeout_s` for `pids` to end, calling `while_waiting` at each look; returns
+    those still alive then."""
+    pids = set(pids)
     deadline = time.monotonic() + timeout_s
     while (left := alive(pids)) and time.monotonic() < deadline:
-        time.sleep(0.5)
+        while_waiting()
+        time.sleep(0.25)
     return left
 
 
