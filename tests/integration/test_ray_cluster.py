@@ -6,6 +6,13 @@ run's own actors and driver are gone and the cluster is still up. Then `nightshi
 the way Ray's job supervisor starts a `ray job submit` entrypoint, with the shipped
 `deploy/ray/runtime_env.yaml`. (`ray job submit` itself talks to the head's dashboard, which needs
 `ray[default]`; the control environment installs `ray[data]`, which has no dashboard.)
+
+Every driver, the runs' and the one that reads the cluster afterwards, is a process of its own
+started with the nodes' environment, as on a team's cluster. A driver in the test process would
+carry what earlier tests left there: a local `ray.init()` turns token auth on for the whole
+process (Ray sets `RAY_AUTH_MODE=token` in its environment and keeps it after shutdown), and the
+nodes, started without auth, refuse its calls; the GCS then takes the driver for dead and
+destroys the Gate it just created.
 """
 
 from __future__ import annotations
@@ -22,9 +29,10 @@ import yaml
 
 from bench.processes import session_members
 from pipelines.gate import gate_name
-from pipelines.job import run_job
 from tests.integration.ray_cluster import ray_cluster
-from tests.integration.test_pipeline import spec_for, write_corpus
+from tests.integration.ray_cluster_view import cluster_view
+from tests.integration.test_pipeline import write_corpus
+from tests.replicas import TINY
 from warehouse.run_files import read_table
 
 pytestmark = pytest.mark.engine
@@ -46,6 +54,14 @@ def node_env() -> dict:
     return env
 
 
+def driver_env(cluster, tmp_path: Path) -> dict:
+    """A driver's environment on the cluster: the nodes', joined to the head by `RAY_ADDRESS`."""
+    return node_env() | {
+        "RAY_ADDRESS": cluster.address,
+        "PREFECT_HOME": str(tmp_path / "prefect"),  # its temporary server's database, not ~'s
+    }
+
+
 @pytest.fixture(scope="module")
 def node_cwd(tmp_path_factory) -> Path:
     """Where the nodes run: nothing of a run may land here."""
@@ -63,46 +79,45 @@ def cluster(node_cwd, tmp_path_factory):
     assert not any(left.values()), f"processes of the cluster left running: {left}"
 
 
-@pytest.mark.xfail(
-    strict=False,
-    reason="open: after another module's local ray.init() the driver runs with token auth "
-    "(Ray sets RAY_AUTH_MODE=token in os.environ and keeps it) while the nodes run without: it "
-    "refuses their calls ('Missing authorization header') and the GCS destroys the Gate at its "
-    "creation. Setting the mode back in the fixture was not enough; passes alone",
-)
 def test_a_night_spreads_over_two_nodes_and_leaves_the_cluster_up(
-    cluster, node_cwd: Path, tiny_replica, tmp_path: Path, monkeypatch
+    cluster, node_cwd: Path, tiny_replica, tmp_path: Path
 ) -> None:
     driver_cwd = tmp_path / "driver"
     driver_cwd.mkdir()
     doc_ids = write_corpus(tmp_path / "corpus.parquet", docs=8, lo=300, hi=900, seed=11)
-    monkeypatch.setenv("RAY_ADDRESS", cluster.address)
-    monkeypatch.chdir(driver_cwd)  # relative results: resolved on the driver, not the Gate
-    spec = spec_for(tmp_path / "corpus.parquet", [tiny_replica], Path("results"), "two-nodes")
-    result = run_job(spec)
+    env = driver_env(cluster, tmp_path)
+    command = [
+        sys.executable, "-m", "flows.cli", "run", "--corpus", str(tmp_path / "corpus.parquet"),
+        "--engine-config", str(TINY), "--replica-url", tiny_replica.base_url,
+        "--run-id", "two-nodes", "--results", "results", "--policy", "static",
+        "--static-seats", "2", "--static-chunk", "400",
+    ]  # fmt: skip
+    # Relative results: resolved in the driver's folder, not on the node the Gate runs on.
+    done = subprocess.run(
+        command, env=env, cwd=driver_cwd, capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr[-4000:]
 
-    assert not ray.is_initialized()  # the run disconnected the driver it connected
     run_dir = driver_cwd / "results" / "runs" / "two-nodes"
-    assert result.run_dir == run_dir and result.docs_done == len(doc_ids)
     summaries = read_table(run_dir, "summaries").column("doc_id").to_pylist()
     assert sorted(summaries) == sorted(doc_ids)  # every document exactly once
     assert set(read_table(run_dir, "documents").column("status").to_pylist()) == {"done"}
     assert not any(node_cwd.iterdir())  # nothing written where the nodes run
 
     assert all(node.running() for node in cluster.nodes)  # the run stopped no node
-    placed, alive_nodes, run_job_dead = _cluster_view(cluster.address, "two-nodes")
+    view = cluster_view(cluster.address, "two-nodes", env)
     names = {n.name for n in cluster.nodes}
-    assert set(alive_nodes.values()) == names
-    gate = [a for a in placed if a["Name"] == gate_name("two-nodes")]
-    assert len(gate) == 1 and alive_nodes[gate[0]["node"]] == cluster.head.name
-    summarizers = [a for a in placed if "Summarize" in a["ActorClassName"]]
-    assert {alive_nodes[a["node"]] for a in summarizers} == names
+    assert set(view.alive_nodes.values()) == names
+    gate = [a for a in view.placed if a["Name"] == gate_name("two-nodes")]
+    assert len(gate) == 1 and view.alive_nodes[gate[0]["node"]] == cluster.head.name
+    summarizers = [a for a in view.placed if "Summarize" in a["ActorClassName"]]
+    assert {view.alive_nodes[a["node"]] for a in summarizers} == names
     # Every actor of the run is gone. Ray Data's own detached singletons (its stats and
     # autoscaling coordinators) serve every Ray Data job of the cluster: not the run's.
-    owned = [a for a in placed if not a["IsDetached"]]
+    owned = [a for a in view.placed if not a["IsDetached"]]
     assert gate[0] in owned and all(a in owned for a in summarizers)
     assert [a["ActorClassName"] for a in owned if a["State"] != "DEAD"] == []
-    assert run_job_dead
+    assert view.run_job_dead  # the run disconnected the driver it connected
 
 
 def test_a_submitted_night_runs_in_the_shipped_runtime_env(
@@ -114,12 +129,8 @@ def test_a_submitted_night_runs_in_the_shipped_runtime_env(
     the nodes run in a folder without one, so summarizers find it only in the working_dir."""
     runtime_env = yaml.safe_load((REPO / "deploy" / "ray" / "runtime_env.yaml").read_text())
     runtime_env["working_dir"] = str(REPO / runtime_env["working_dir"])
-    env = node_env() | runtime_env.get("env_vars", {})
-    env |= {
-        "RAY_ADDRESS": cluster.address,
-        JOB_CONFIG_ENV: json.dumps({"runtime_env": runtime_env, "metadata": {}}),
-        "PREFECT_HOME": str(tmp_path / "prefect"),  # its temporary server's database, not ~'s
-    }
+    env = driver_env(cluster, tmp_path) | runtime_env.get("env_vars", {})
+    env[JOB_CONFIG_ENV] = json.dumps({"runtime_env": runtime_env, "metadata": {}})
     doc_ids = write_corpus(tmp_path / "corpus.parquet", docs=4, lo=200, hi=500, seed=12)
     results = tmp_path / "results"
     entrypoint = [
@@ -140,26 +151,3 @@ def test_a_submitted_night_runs_in_the_shipped_runtime_env(
     for node in cluster.nodes:  # every node unpacked the submitted checkout and ran in it
         assert list(node.temp_dir.glob("session_*/runtime_resources/working_dir_files/*")), node
         assert node.running()
-
-
-def _cluster_view(address: str, run_id: str):
-    """The run's actors (with the node each ran on), the cluster's live nodes by id and their
-    names, and whether the run's job has ended, read from the cluster's GCS by a new driver.
-    (Ray's state API, `ray.util.state`, is served by the dashboard, which `ray[data]` lacks.)"""
-    from ray._private import state
-
-    ray.init(address=address, log_to_driver=False)
-    try:
-        me = ray.get_runtime_context().get_job_id()
-        nodes = {
-            n["NodeID"]: next(r for r in n["Resources"] if r.startswith("ns_"))
-            for n in ray.nodes()
-            if n["Alive"]
-        }
-        actors = list(state.actors().values())
-        run_job_id = next(a["JobID"] for a in actors if a["Name"] == gate_name(run_id))
-        placed = [a | {"node": a["Address"]["NodeID"]} for a in actors if a["JobID"] == run_job_id]
-        jobs = {j["JobID"]: j for j in state.jobs() if j["JobID"] != me}
-        return placed, nodes, jobs[run_job_id]["IsDead"]
-    finally:
-        ray.shutdown()
