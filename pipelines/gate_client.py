@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import httpx
+from ray.exceptions import RayTaskError
 
 from serving.client import ClientConfig, StreamingClient
 
@@ -11,7 +12,12 @@ class RayGateClient:
     """The run's Gate actor behind plain async methods (a Ray ObjectRef is awaitable).
 
     With a `holder` (the worker's id) its seats are held on a lease that `aborted`, polled by the
-    worker, renews (`pipelines/seat_leases.py`): a worker that dies gives its seats back."""
+    worker, renews (`pipelines/seat_leases.py`): a worker that dies gives its seats back.
+
+    An error the Gate raises comes back as itself (`RunStopped`, `TimeoutError`, ...), chained to
+    Ray's wrapper: the wrapper's message is the whole remote traceback in terminal colours, and a
+    document's failure reason, which users read in the run's tables, is built from the message.
+    A Gate that died still raises Ray's own `RayActorError`."""
 
     def __init__(
         self, handle, acquire_timeout_s: float | None = None, holder: str | None = None
@@ -23,23 +29,35 @@ class RayGateClient:
     async def acquire(
         self, doc_id: str, prompt_tokens: int, max_tokens: int, stage: str | None = None
     ):
-        return await self._gate.acquire.remote(
-            doc_id, prompt_tokens, max_tokens, self._timeout, stage, self._holder
+        return await _gate_call(
+            self._gate.acquire.remote(
+                doc_id, prompt_tokens, max_tokens, self._timeout, stage, self._holder
+            )
         )
 
     async def release(self, permit_id: str, row: dict, gaps: list[dict]) -> None:
-        await self._gate.release.remote(permit_id, row, gaps)
+        await _gate_call(self._gate.release.remote(permit_id, row, gaps))
 
     async def mark_down(self, replica: str) -> None:
-        await self._gate.mark_down.remote(replica)
+        await _gate_call(self._gate.mark_down.remote(replica))
 
     async def aborted(self) -> bool:
         if self._holder is None:
-            return await self._gate.aborted.remote()
-        return await self._gate.heartbeat.remote(self._holder)
+            return await _gate_call(self._gate.aborted.remote())
+        return await _gate_call(self._gate.heartbeat.remote(self._holder))
 
     async def prefilled(self, permit_id: str, tokens: int) -> None:
-        await self._gate.progress.remote(permit_id, tokens, tokens)
+        await _gate_call(self._gate.progress.remote(permit_id, tokens, tokens))
+
+
+async def _gate_call(call):
+    """Await one actor call, raising what the Gate raised rather than Ray's wrapper of it."""
+    try:
+        return await call
+    except RayTaskError as exc:
+        if isinstance(exc.cause, Exception):
+            raise exc.cause from exc
+        raise
 
 
 BATCH_CLIENT = ClientConfig(read_timeout_s=1800.0)
