@@ -8,14 +8,15 @@ ENGINE_VENV := .venv-engine
 HAS_GPU := $(shell command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1 && echo yes)
 ENGINE_LOCK := $(if $(HAS_GPU),requirements/engine-gpu.txt,requirements/engine-cpu.lock)
 
-.PHONY: demo demo-long test faults bench-check unit lint venv engine-venv models prometheus clean-results
+.PHONY: demo demo-short test faults bench-check unit lint venv engine-venv models prometheus clean-results
 
+# Tonight's job: a handful of ~80k-token documents, each summarized whole on cpu-long, beside chat.
 demo: venv engine-venv models
 	$(VENV)/bin/python -m flows.demo
 
-# The demo with a handful of ~80k-token documents, each summarized whole on cpu-long.
-demo-long: venv engine-venv models
-	$(VENV)/bin/python -m flows.demo --long
+# Sixteen short documents in map-reduce sections on cpu-small.
+demo-short: venv engine-venv models
+	$(VENV)/bin/python -m flows.demo --short
 
 test: venv engine-venv models prometheus
 	$(VENV)/bin/python -m pytest -q --durations=30

@@ -1,11 +1,11 @@
 """`make demo`: tonight's job on the embedded defaults, start to finish, in a few minutes.
 
-Starts a cpu-small replica, plays production-shaped chat against it, runs the nightly flow with the
-SLO controller on a sample corpus, and prints what a platform team would look at in the morning:
-chat latency against the SLO, batch documents and tokens/s, cost, where the DuckDB file and the
-HTML report are. `--long` (`make demo-long`) does the same on cpu-long with a handful of ~80k-token
-documents, each summarized whole, and reports each SLO window, each document and the replica's
-preemptions too (flows/demo_variants.py). Everything it starts it stops, on Ctrl-C too.
+Starts a cpu-long replica, plays production-shaped chat against it, runs the nightly flow with the
+SLO controller on a handful of ~80k-token documents, each summarized whole, and prints what a
+platform team would look at in the morning: chat latency against the SLO in each window, each
+document, the replica's preemptions, batch tokens/s, cost, where the DuckDB file and the HTML
+report are. `--short` (`make demo-short`) runs sixteen short documents in map-reduce sections on
+cpu-small instead (flows/demo_variants.py). Everything it starts it stops, on Ctrl-C too.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The demo's morning report, from the warehouse: what a platform team looks at after a night.
 
 Chat latency per class against the SLO, batch documents, tokens/s and cost, and where the DuckDB
-file and the HTML report are; for an itemized variant (`make demo-long`) also each SLO window's
+file and the HTML report are; for an itemized variant (`make demo`) also each SLO window's
 chat p99s, each document's requests, and the replica's preemptions over the night.
 """
 

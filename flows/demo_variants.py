@@ -1,4 +1,4 @@
-"""The demo's two variants, `make demo` and `make demo-long`, and which engine config each runs here.
+"""The demo's two variants, `make demo` and `make demo-short`, and which engine config each runs here.
 
 Pure: what a variant is, how the command line picks one, and the config and fit it takes on a host
 with given CPU flags and fit files. `flows/demo.py` does the running.
@@ -37,7 +37,7 @@ class Demo:
 
 
 SHORT = Demo(
-    name="demo",
+    name="demo-short",
     config="cpu-small",
     config_fp32="cpu-small-fp32",
     docs=16,
@@ -45,13 +45,13 @@ SHORT = Demo(
     max_tokens=8000,
     pipeline={"mode": "map_reduce", "section_tokens": 1024},
 )
-"""`make demo`, in map-reduce sections: cpu-small's attention cost grows with a chunk's prefix ~25x
+"""`make demo-short`, in map-reduce sections: cpu-small's attention cost grows with a chunk's prefix ~25x
 faster than a 70B replica's, so at the demo's tight SLO a chunk a few thousand tokens into a whole
 document gets almost no step time and the demo would outlast its minutes. Whole documents at the
 mission's scale run on the long-context stand-in, in `LONG`."""
 
 LONG = Demo(
-    name="demo-long",
+    name="demo",
     config="cpu-long",
     config_fp32="cpu-long-fp32",
     docs=3,
@@ -60,10 +60,10 @@ LONG = Demo(
     pipeline={"mode": "whole"},
     itemized=True,
 )
-"""`make demo-long`: a handful of ~80k-token documents on cpu-long, each one request, whole (a
-document too long for the context is failed, never cut). Three, so that the whole demo, the
-replica's start included, stays within ten minutes on a 2-core host (docs/results.md, "`make
-demo-long`")."""
+"""`make demo`, the mission's night: a handful of ~80k-token documents on cpu-long, each one
+request, whole (a document too long for the context is failed, never cut). Three, so that the
+whole demo, the replica's start included, stays within ten minutes on a 2-core host
+(docs/results.md, "`make demo`")."""
 
 
 class DemoRefused(ValueError):
@@ -71,19 +71,19 @@ class DemoRefused(ValueError):
 
 
 def parse_demo(argv: Sequence[str]) -> Demo:
-    """The variant the command line asks for: `--long` for LONG, nothing for SHORT."""
+    """The variant the command line asks for: `--short` for SHORT, nothing for LONG."""
     parser = argparse.ArgumentParser(
         prog="python -m flows.demo",
         description="Tonight's job on a local CPU replica beside chat, start to finish.",
     )
     parser.add_argument(
-        "--long",
+        "--short",
         action="store_true",
-        help=f"{LONG.docs} documents of {LONG.min_tokens:,}-{LONG.max_tokens:,} tokens, each "
-        f"summarized whole on {LONG.config}, instead of {SHORT.docs} short ones in sections on "
-        f"{SHORT.config}",
+        help=f"{SHORT.docs} documents of {SHORT.min_tokens:,}-{SHORT.max_tokens:,} tokens in "
+        f"map-reduce sections on {SHORT.config}, instead of {LONG.docs} of "
+        f"{LONG.min_tokens:,}-{LONG.max_tokens:,} tokens, each summarized whole on {LONG.config}",
     )
-    return LONG if parser.parse_args(list(argv)).long else SHORT
+    return SHORT if parser.parse_args(list(argv)).short else LONG
 
 
 def host_config(

@@ -16,10 +16,10 @@ def in_repo(path: Path) -> bool:
 
 
 def test_the_command_line_picks_the_variant() -> None:
-    assert parse_demo([]) is SHORT
-    assert parse_demo(["--long"]) is LONG
+    assert parse_demo([]) is LONG
+    assert parse_demo(["--short"]) is SHORT
     with pytest.raises(SystemExit) as exc:
-        parse_demo(["--lng"])
+        parse_demo(["--shrt"])
     assert exc.value.code == 2
 
 
