@@ -23,8 +23,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from bench.chat_prompts import HistoryTurn, PromptBuilder, TemplateCost, TextPool
-from bench.chat_results import ChatLoadResult, SentTurn, summarize
+from bench.chat_results import ChatLoadResult, SentTurn, default_goodput_slos
 from bench.chat_sessions import Arrival, ChatShape, TurnPlan, plan_turns, poisson_arrivals
+from bench.chat_spool import RecordSpool
+from bench.chat_tally import ChatTally
 from scheduler.records import RequestRecord
 from serving.client import ClientConfig, StreamingClient
 from simulator.trace import TraceRow
@@ -146,11 +148,16 @@ async def run_chat_load(
     text: str | None = None,
     http=None,
     on_record: Callable[[RequestRecord], None] | None = None,
+    spool: RecordSpool | None = None,
 ) -> ChatLoadResult:
     """Play `spec` against `replicas` (name, base URL) serving `model`. `text` replaces the
     source text and `http` the HTTP client (tests). The tokenizer runs in a worker thread, so a
     replica's `/tokenize` endpoint does not stall the event loop. `on_record` sees every finished
-    request as it ends (a Gate uses it for exact chat latency while the load runs)."""
+    request as it ends (a Gate uses it for exact chat latency while the load runs).
+
+    With `spool`, every record goes to its run directory as it ends and the result holds none
+    (`records`, `gaps` and `turns` empty): memory then grows by a few bytes per token, not by
+    the run's records, however long it runs. Without it the result holds them all."""
     builder, plans = await asyncio.to_thread(prepare, spec, tokenizer, text)
     clients = {
         name: StreamingClient(
@@ -159,24 +166,25 @@ async def run_chat_load(
         for name, url in replicas
     }
     router = Router([n for n, _ in replicas], spec.routing)
-    run = _Run(spec, builder, clients, router, run_id, tokenizer, on_record)
+    tally = ChatTally(dict(spec.goodput_slos) or default_goodput_slos())
+    run = _Run(spec, builder, clients, router, run_id, tokenizer, tally, on_record, spool)
+    run.last_turns(plans)
     started = time.time()
     try:
         await run.play(plans, stop)
     finally:
         for client in clients.values():
             await client.aclose()
+        if spool is not None:
+            spool.flush()
     records = [t.record for t in run.sent]
-    summary = summarize(
-        run.sent,
-        window_s=run.window_s,
-        not_sent=run.not_sent,
-        planned=len(plans),
-        goodput_slos=dict(spec.goodput_slos) or None,
-    )
+    summary = tally.summary(window_s=run.window_s, not_sent=run.not_sent, planned=len(plans))
     summary.update(run_id=run_id, replicas=[n for n, _ in replicas])
     gaps = [g for r in records for g in r.gaps]
-    return ChatLoadResult(run_id, records, gaps, summary, run.sent, started, time.time())
+    return ChatLoadResult(
+        run_id, records, gaps, summary, run.sent, started, time.time(),
+        spooled=spool.written if spool else 0, first_error=tally.first_error,
+    )  # fmt: skip
 
 
 @dataclass
@@ -196,17 +204,26 @@ class _Run:
         router: Router,
         run_id: str,
         tokenizer,
+        tally: ChatTally,
         on_record: Callable[[RequestRecord], None] | None = None,
+        spool: RecordSpool | None = None,
     ) -> None:
         self.spec, self.builder, self.clients, self.router = spec, builder, clients, router
         self.run_id, self.tokenizer, self.on_record = run_id, tokenizer, on_record
+        self.tally, self.spool = tally, spool
         self.sessions: dict[int, _Session] = {}
+        self._last_turn: dict[int, int] = {}
         self.tasks: set[asyncio.Task] = set()
         self.sent: list[SentTurn] = []
         self.not_sent = 0
         self.closed = False  # once set, turns not yet submitted are dropped
         self.window_s = 0.0
         self.stopped = asyncio.Event()
+
+    def last_turns(self, plans: list[TurnPlan]) -> None:
+        """Note each session's last planned turn: its history is dropped once that turn ends."""
+        for plan in plans:
+            self._last_turn[plan.session] = max(plan.turn, self._last_turn.get(plan.session, 0))
 
     async def play(self, plans: list[TurnPlan], stop: asyncio.Event | None) -> None:
         loop = asyncio.get_running_loop()
@@ -276,6 +293,9 @@ class _Run:
             if not submitted:
                 self.not_sent += 1
             raise
+        finally:
+            if self._last_turn.get(plan.session, plan.turn) <= plan.turn:
+                self.sessions.pop(plan.session, None)  # no later turn reads its history
 
     async def _send(self, plan: TurnPlan, session: _Session) -> None:
         prompt = self.builder.build(plan, session.history)
@@ -307,9 +327,16 @@ class _Run:
         finally:
             self.router.release(replica)
             if record is not None:
-                self.sent.append(SentTurn(plan, prompt.tokens, prompt.history_turns, record))
-                if self.on_record is not None:
-                    self.on_record(record)
+                self._record(SentTurn(plan, prompt.tokens, prompt.history_turns, record))
+
+    def _record(self, turn: SentTurn) -> None:
+        self.tally.add(turn.record, turn.plan.session, turn.planned_prompt_tokens)
+        if self.spool is not None:
+            self.spool.add(turn.record)
+        else:
+            self.sent.append(turn)
+        if self.on_record is not None:
+            self.on_record(turn.record)
 
 
 async def _forward(source: asyncio.Event, target: asyncio.Event) -> None:

@@ -164,22 +164,30 @@ def run_chat_load_on(
     port: int | None,
     run_id: str,
     say: Say,
+    out: Path | None = None,
 ) -> ChatLoadResult:
-    """Play `spec` against the replicas at `urls`, or against one started here for the run.
-    Raises EngineStartError or SetupError when a replica cannot be started."""
+    """Play `spec` against the replicas at `urls`, or against one started here for the run;
+    with `out`, records go to that run directory as they end (`bench.chat_spool`). Raises
+    EngineStartError or SetupError when a replica cannot be started."""
     from serving.launcher import ReplicaSet, free_port
 
     if urls:
         check_healthy(urls)
-        return _play(config, [(urlsplit(u).netloc, u) for u in urls], spec, run_id, say)
+        return _play(config, [(urlsplit(u).netloc, u) for u in urls], spec, run_id, say, out)
     with ReplicaSet().running(config, str(config_path), port or free_port()) as started:
         say(f"started {started[0].name} at {started[0].base_url}")
-        return _play(config, [(r.name, r.base_url) for r in started], spec, run_id, say)
+        return _play(config, [(r.name, r.base_url) for r in started], spec, run_id, say, out)
 
 
 def _play(
-    config: EngineConfig, replicas: list[tuple[str, str]], spec: ChatLoadSpec, run_id: str, say: Say
+    config: EngineConfig,
+    replicas: list[tuple[str, str]],
+    spec: ChatLoadSpec,
+    run_id: str,
+    say: Say,
+    out: Path | None,
 ) -> ChatLoadResult:
+    from bench.chat_spool import RecordSpool
     from serving.tokenizer import tokenizer_for
 
     tokenizer = tokenizer_for(config, replicas[0][1])
@@ -195,8 +203,9 @@ def _play(
         loop.add_signal_handler(signal.SIGINT, _once(loop, stop, say))
         try:
             return await run_chat_load(
-                replicas, config.model.served_name, tokenizer, spec, run_id, stop
-            )
+                replicas, config.model.served_name, tokenizer, spec, run_id, stop,
+                spool=RecordSpool(out, run_id) if out is not None else None,
+            )  # fmt: skip
         finally:
             loop.remove_signal_handler(signal.SIGINT)
 

@@ -13,8 +13,8 @@ from pathlib import Path
 
 from bench import serving_metrics
 from bench.chat_sessions import TurnPlan
-from bench.serving_metrics import goodput, request_latency, tpot_s
-from scheduler.records import RequestRecord, TokenGap, percentile
+from bench.chat_tally import ChatTally
+from scheduler.records import RequestRecord, TokenGap
 from scheduler.slo import SLO
 
 
@@ -40,6 +40,11 @@ class ChatLoadResult:
     started: float
     """Wall-clock start, epoch seconds."""
     ended: float
+    spooled: int = 0
+    """Records written to the run directory as they ended (`bench.chat_spool`) rather than held
+    in `records`."""
+    first_error: str | None = None
+    """The first failed request's error, for a run in which none succeeded."""
 
 
 def summarize(
@@ -52,47 +57,11 @@ def summarize(
 ) -> dict:
     """Counts, latency statistics (bench/serving_metrics.py: TTFT, TPOT, ITL over every token gap,
     E2E), vLLM-style goodput against `goodput_slos` (default: `SLO()`'s targets), achieved rate
-    and prefix-cache hit share of a run's sent turns."""
-    records = [t.record for t in turns]
-    latency = request_latency(records)
-    counts = {k: len(v) for k, v in _samples(records).items()}
-    ok = [r for r in records if r.status == "ok"]
-    prompt = sum(r.prompt_tokens for r in ok)
-    ratios = sorted(
-        t.record.prompt_tokens / t.planned_prompt_tokens
-        for t in turns
-        if t.record.status == "ok" and t.record.prompt_tokens and t.planned_prompt_tokens
-    )
-    return {
-        "requests": {
-            "planned": planned if planned is not None else len(records) + not_sent,
-            "sent": len(records),
-            "ok": len(ok),
-            "failed": sum(r.status in ("error", "timeout") for r in records),
-            "cancelled": sum(r.status == "cancelled" for r in records),
-            "not_sent": not_sent,
-        },
-        "sessions": len({t.plan.session for t in turns}),
-        "window_s": round(window_s, 3),
-        "achieved_rate": len(records) / window_s if window_s > 0 else 0.0,
-        **{key: {**stats, "n": counts[key]} for key, stats in latency.items()},
-        **goodput(records, goodput_slos or default_goodput_slos(), window_s),
-        "prompt_tokens_mean": prompt / len(ok) if ok else 0.0,
-        "output_tokens": sum(r.output_tokens for r in ok),
-        "prefix_cache_hit_share": sum(r.cached_tokens for r in ok) / prompt if prompt else 0.0,
-        "prompt_tokens_over_planned_p50": percentile(ratios, 50) if ratios else None,
-    }
-
-
-def _samples(records: list[RequestRecord]) -> dict[str, list]:
-    """What each statistic is taken over: ok requests (TTFT, TPOT, E2E) or token gaps (ITL)."""
-    ok = [r for r in records if r.status == "ok"]
-    return {
-        "ttft_ms": [r for r in ok if r.ttft_s is not None],
-        "tpot_ms": [r for r in ok if tpot_s(r) is not None],
-        "itl_ms": [g for r in records for g in r.gaps],
-        "e2e_ms": [r for r in ok if r.e2e_s is not None],
-    }
+    and prefix-cache hit share of a run's sent turns (`bench.chat_tally`, all at once)."""
+    tally = ChatTally(goodput_slos or default_goodput_slos())
+    for t in turns:
+        tally.add(t.record, t.plan.session, t.planned_prompt_tokens)
+    return tally.summary(window_s=window_s, not_sent=not_sent, planned=planned)
 
 
 def default_goodput_slos() -> dict[str, float]:
@@ -109,13 +78,15 @@ def write_run(
     hardware_count: int = 1,
     slo: dict | None = None,
 ) -> Path:
-    """The run as a warehouse run directory: requests and token_gaps Parquet plus run.json."""
+    """The run as a warehouse run directory: requests and token_gaps Parquet plus run.json (the
+    tables are there already when the run spooled them into `directory`)."""
     from warehouse.run_files import RunMeta, write_meta, write_table
 
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
-    write_table(directory, "requests", [r.row() for r in result.records], run_id=result.run_id)
-    write_table(directory, "token_gaps", [asdict(g) for g in result.gaps], run_id=result.run_id)
+    if not result.spooled:  # else the spool wrote them there as the run went
+        write_table(directory, "requests", [r.row() for r in result.records], run_id=result.run_id)
+        write_table(directory, "token_gaps", [asdict(g) for g in result.gaps], run_id=result.run_id)
     meta = RunMeta(
         run_id=result.run_id,
         engine_config=engine_config,

@@ -30,6 +30,7 @@ from bench import soak_processes as procs
 from bench.soak_night import Night
 from bench.soak_plan import (
     CHAT_TAIL_S,
+    MEMORY_EVERY_S,
     MIN_MINUTES,
     deadline_hhmm,
     default_docs,
@@ -48,6 +49,7 @@ from bench.soak_steps import (
     keep_going,
     not_injected,
     start_chat,
+    take_series_sample,
     take_start_sample,
 )
 from bench.soak_tables import SummaryWatch, build_report, sample_memory
@@ -193,6 +195,12 @@ def run_night(night: Night, log: NightLog, args: argparse.Namespace, watch: Summ
         running = not night.run_ended()
         if not log.memory_start and (rows or due):
             take_start_sample(night, log)
+            take_series_sample(night, log)
+        elif (
+            log.memory_series
+            and time.time() - log.t0 >= log.memory_series[-1]["at_s"] + MEMORY_EVERY_S
+        ):
+            take_series_sample(night, log)
         if due and fault_ready(pending[0].name, running):
             fault(night, log, pending.pop(0), watch)
         elif not running and not keep_going(night, log):

@@ -36,6 +36,9 @@ END_SAMPLE_LEAD_S = 30.0
 """The end-of-night memory sample is taken this long before the deadline (at most 5% of the
 night), while chat load and the run are both still at work: at the deadline itself chat load may
 have played its last arrival and exited."""
+MEMORY_EVERY_S = 600.0
+"""Between the two judged samples, memory is sampled this often too, for the report's series: a
+role that grows only after a fault replaced it, or levels off at a cap, shows as such."""
 RESUME_MARGIN_S = 30.0
 """No run attempt starts closer than this to the deadline: `--deadline HH:MM` is the first such
 time after the attempt's flow starts (a few seconds after its process), so an attempt whose flow

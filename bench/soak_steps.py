@@ -10,6 +10,7 @@ import time
 from dataclasses import dataclass, field
 
 from bench.soak_faults import inject
+from bench.soak_memory import by_role
 from bench.soak_night import Night
 from bench.soak_plan import PlannedFault, chat_period_s, may_start_attempt
 from bench.soak_tables import SummaryWatch, sample_memory
@@ -31,6 +32,8 @@ class NightLog:
     memory_start: list = field(default_factory=list)
     memory_end: list = field(default_factory=list)
     memory_start_at: float | None = None
+    memory_series: list[dict] = field(default_factory=list)
+    """Per-process MiB of each role every `MEMORY_EVERY_S` (`take_series_sample`)."""
 
     def event(self, what: str) -> None:
         self.events.append({"at_s": round(time.time() - self.t0, 1), "what": what})
@@ -51,6 +54,17 @@ def start_chat(night: Night, duration: float, args: argparse.Namespace) -> None:
 def take_start_sample(night: Night, log: NightLog) -> None:
     log.memory_start, log.memory_start_at = sample_memory(night), time.time()
     log.event(f"start memory sampled ({len(log.memory_start)} processes)")
+
+
+def take_series_sample(night: Night, log: NightLog) -> None:
+    """One point of the memory series: per-process MiB of each role, now."""
+    roles = by_role(sample_memory(night))
+    log.memory_series.append(
+        {
+            "at_s": round(time.time() - log.t0, 1),
+            "per_process_mib": {role: r["per_process_mib"] for role, r in roles.items()},
+        }
+    )
 
 
 def not_injected(log: NightLog, planned: PlannedFault) -> None:

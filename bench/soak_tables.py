@@ -66,7 +66,7 @@ def sample_memory(night: Night) -> list[ProcessMemory]:
 def merge_chat(chat_dir: Path, run_dir: Path, run_id: str) -> int:
     """Chat load's request and token-gap rows (written under the night's run id) added to the
     run's tables, so the warehouse judges chat's SLO windows by them; returns the requests."""
-    if not (chat_dir / "requests.parquet").is_file():
+    if not table_files(chat_dir, "requests"):  # chat load wrote none, or never started
         return 0
     requests = read_table(chat_dir, "requests", run_id=run_id)
     write_table(run_dir, "requests", requests, run_id=run_id, part="chat-load")
@@ -144,6 +144,7 @@ def build_report(night, log, watch, args, left: list[str], interrupted: bool) ->
         "slo_windows": slo_windows_held(warehouse["windows"], spans, tables["window_s"]),
         "memory": memory,
         "memory_start_at_s": log.memory_start_at and round(log.memory_start_at - log.t0, 1),
+        "memory_series": log.memory_series,
         "faults": log.faults,
         "attempts": [a.row(log.t0) for a in night.attempts],
         "events": log.events,

@@ -117,7 +117,7 @@ def chat_load_command(
         name = run_id_for(run_id, out)
         if warning := short_trace_warning(spec):
             typer.secho(f"warning: {warning}", err=True, fg="yellow")
-        result = run_chat_load_on(config, engine_config, spec, urls, port, name, _say)
+        result = run_chat_load_on(config, engine_config, spec, urls, port, name, _say, out)
     except (EngineStartError, SetupError) as exc:
         typer.secho(f"could not start a replica: {exc}", err=True, fg="red")
         raise typer.Exit(1) from None
@@ -153,8 +153,11 @@ def _report(
         typer.echo(f"wrote {json_out} and {csv}", err=True)
     typer.echo(format_summary(result.summary), err=to_stdout)
     if result.summary["requests"]["sent"] and not result.summary["requests"]["ok"]:
-        first = next(r.error for r in result.records if r.error)
-        typer.secho(f"error: no request succeeded; the first failure: {first}", err=True, fg="red")
+        typer.secho(
+            f"error: no request succeeded; the first failure: {result.first_error}",
+            err=True,
+            fg="red",
+        )
         raise typer.Exit(1)
 
 

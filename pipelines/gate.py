@@ -606,6 +606,10 @@ def start_gate(
 
         node = ray.get_runtime_context().get_node_id()
         options["scheduling_strategy"] = NodeAffinitySchedulingStrategy(node, soft=False)
+    # Workers call the Gate several times per document (acquire, heartbeats, progress, release),
+    # and Ray's GCS keeps a record of every call until its task-event cap: over a night of
+    # thousands of documents that is the GCS growing for records nothing reads.
+    options["enable_task_events"] = False
     return Gate.options(
         name=gate_name(run_id), get_if_exists=True, lifetime=lifetime, **options
     ).remote(run_id, list(replicas), config)

@@ -29,6 +29,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 ADDRESS_ENV = "RAY_ADDRESS"
+TASK_EVENTS_KEPT = 10_000
+"""Finished tasks whose records the GCS of a Ray the run starts keeps (Ray's default: 100,000).
+A night runs a Ray Data task per document, and the GCS holds every task's record until its cap,
+so under the default its memory grows through the first hundred thousand. Nothing in a run reads
+them; the last ten thousand are there for `ray list tasks`. A cluster's nodes set theirs when
+they start (docs/operations.md, "Ray cluster")."""
 
 
 class RayAddressError(ValueError):
@@ -64,8 +70,9 @@ def init_kwargs(address: str | None) -> dict:
     """`ray.init`'s arguments for the run's driver: driver settings only when joining a cluster
     (Ray refuses node settings from a joining driver)."""
     kwargs: dict = {"address": address, "log_to_driver": False, "logging_level": logging.WARNING}
-    if not joins_cluster(address):
-        kwargs["include_dashboard"] = False  # a node setting: only where this driver starts Ray
+    if not joins_cluster(address):  # node settings: only where this driver starts Ray
+        kwargs["include_dashboard"] = False
+        kwargs["_system_config"] = {"task_events_max_num_task_in_gcs": TASK_EVENTS_KEPT}
     return kwargs
 
 

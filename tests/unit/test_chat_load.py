@@ -220,3 +220,70 @@ async def test_write_run_makes_a_warehouse_run_directory(tmp_path) -> None:
     meta = read_meta(tmp_path / "unit")
     assert (meta.policy, meta.engine_config, meta.replicas) == ("chat-only", "cpu-tiny", 1)
     assert meta.started <= meta.ended
+
+
+async def test_a_spooled_run_writes_its_records_as_they_end_and_holds_none(tmp_path) -> None:
+    from bench.chat_spool import RecordSpool
+    from warehouse.run_files import read_table
+
+    directory = tmp_path / "unit"
+    (directory / "requests").mkdir(parents=True)
+    (directory / "requests" / "chat-00099.parquet").write_bytes(b"an earlier run's part")
+    spec = ChatLoadSpec(shape=SHAPE, rate=40.0, duration_s=0.5, seed=7, grace_s=5.0)
+    http = httpx.AsyncClient(transport=httpx.MockTransport(FakeReplica().handle))
+    spool = RecordSpool(directory, "unit", rows_per_part=4)
+    try:
+        result = await run_chat_load(
+            [("a", "http://a:1")], "m", CharTokenizer(), spec, "unit", text=TEXT, http=http,
+            spool=spool,
+        )  # fmt: skip
+    finally:
+        await http.aclose()
+    s = result.summary
+    assert result.records == [] and result.gaps == [] and result.turns == []
+    assert result.spooled == s["requests"]["sent"] > 8
+    assert spool.parts == -(-result.spooled // 4)  # the last, partial part flushed at the end
+    assert not (directory / "requests" / "chat-00099.parquet").exists()
+    write_run(directory, result, engine_config="cpu-tiny")
+    requests = read_table(directory, "requests", run_id="unit")
+    gaps = read_table(directory, "token_gaps", run_id="unit")
+    assert requests.num_rows == result.spooled
+    assert len(set(requests.column("request_id").to_pylist())) == result.spooled
+    assert gaps.num_rows == s["itl_ms"]["n"]
+
+
+async def test_a_session_is_forgotten_once_its_last_turn_ends(monkeypatch) -> None:
+    import bench.chat_load as chat_load
+
+    runs = []
+
+    class Watched(chat_load._Run):
+        def __init__(self, *args, **kwargs) -> None:
+            super().__init__(*args, **kwargs)
+            runs.append(self)
+
+    monkeypatch.setattr(chat_load, "_Run", Watched)
+    spec = ChatLoadSpec(shape=SHAPE, rate=20.0, duration_s=0.6, seed=1, grace_s=5.0)
+    result = await play(spec, FakeReplica())
+    assert any(t.plan.turn > 0 for t in result.turns), "some session had several turns"
+    assert runs[0].sessions == {}
+
+
+def test_the_tally_counts_what_the_records_say() -> None:
+    from bench.chat_tally import ChatTally
+
+    turns = [
+        sent("1", [0.1 + 0.01 * i for i in range(50)], prompt=900, cached=300),
+        sent("2", [0.3, 0.5, 0.9], prompt=400, cached=0),
+        sent("3", [], 500, 0, "timeout"),
+    ]
+    turns[2].record.error = "read timeout"
+    tally = ChatTally({"ttft": 200.0})
+    for t in turns:
+        tally.add(t.record, t.plan.session, t.planned_prompt_tokens)
+    s = tally.summary(window_s=4.0)
+    assert s["prompt_tokens_mean"] == pytest.approx(650.0)
+    assert s["prefix_cache_hit_share"] == pytest.approx(300 / 1300)
+    assert s["goodput_share"] == pytest.approx(1 / 3)  # only the first answered within 200 ms
+    assert (s["requests"]["failed"], tally.first_error) == (1, "read timeout")
+    assert s["itl_ms"]["n"] == 49 + 2 and s["ttft_ms"]["n"] == 2

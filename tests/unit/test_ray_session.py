@@ -12,6 +12,7 @@ from typer.testing import CliRunner
 from flows.cli import app
 from pipelines.job import JobSpec, driver_paths
 from pipelines.ray_session import (
+    TASK_EVENTS_KEPT,
     RayAddressError,
     RaySession,
     init_kwargs,
@@ -46,6 +47,9 @@ def test_a_joining_driver_passes_no_node_setting() -> None:
     for address in (None, "local"):
         assert not joins_cluster(address)
         assert init_kwargs(address)["include_dashboard"] is False
+        assert init_kwargs(address)["_system_config"] == {
+            "task_events_max_num_task_in_gcs": TASK_EVENTS_KEPT
+        }
 
 
 def test_only_a_session_that_joined_a_cluster_disconnects() -> None:
