@@ -19,7 +19,7 @@ from bench.chat_load import ChatLoadSpec, model_text
 from bench.chat_thread import ChatLoadThread
 from scheduler.records import RequestRecord
 from serving.client import BATCH_PRIORITY, StreamingClient
-from serving.engine_itl import EngineItlRecorder, EngineItlSeries
+from serving.engine_itl import EngineItlRecorder, HistogramSeries
 
 
 @dataclass(frozen=True)
@@ -48,7 +48,7 @@ class RealRun:
     t1: float
     chat: list[RequestRecord]
     batch: list[RequestRecord]
-    engine_itl: EngineItlSeries = field(default_factory=EngineItlSeries)
+    engine_itl: HistogramSeries = field(default_factory=HistogramSeries)
 
 
 def run_real(workload: MixedWorkload, replica: tuple[str, str], model: str, tokenizer) -> RealRun:

@@ -44,7 +44,7 @@ from pipelines.config import PipelineConfig
 from pipelines.job import JobSpec, run_job
 from scheduler.records import RequestRecord
 from scheduler.slo import SLO
-from serving.engine_itl import EngineItlRecorder, EngineItlSeries
+from serving.engine_itl import EngineItlRecorder, HistogramSeries
 
 SCENARIOS = ("chat-only", "uncontrolled", "static-engine", "static-budget", "controlled")
 
@@ -92,7 +92,7 @@ class ScenarioRun:
     chat: list[RequestRecord]
     batch_rows: list[dict]
     docs_done: int = 0
-    engine_itl: EngineItlSeries | None = None
+    engine_itl: HistogramSeries | None = None
     """The replicas' ITL histograms through the scenario; None judges ITL by the client's gaps."""
 
 
@@ -305,7 +305,7 @@ def _gap_row(g) -> dict:
     return {"request_id": g.request_id, "idx": g.idx, "gap_s": g.gap_s, "t": g.t}
 
 
-def _write_chat_only(cfg: BenchConfig, run_id: str, chat, engine_itl: EngineItlSeries) -> None:
+def _write_chat_only(cfg: BenchConfig, run_id: str, chat, engine_itl: HistogramSeries) -> None:
     from bench.chat_results import write_run
     from serving.engine_config import load_engine_config
     from warehouse.run_files import run_dir, write_table

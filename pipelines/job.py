@@ -176,7 +176,7 @@ def run_job(spec: JobSpec) -> JobResult:
             # What this attempt cancelled in flight, or what the Gate had granted when it died,
             # and the Gate's decisions and engine-step rows up to its last.
             store.recover_journal(GATE_DIED_IN_FLIGHT if gate_lost else KILLED_IN_FLIGHT)
-            store.write_engine_itl(itl.series.rows(spec.run_id))
+            store.write_engine_histograms(itl.series.rows(spec.run_id), itl.ttft.rows(spec.run_id))
     store.finish(meta)
     return JobResult(
         run_id=spec.run_id,

@@ -154,11 +154,14 @@ class RunStore:
         if gaps:
             self._part("token_gaps", gaps)
 
-    def write_engine_itl(self, rows: list[dict]) -> None:
-        """The replicas' ITL histogram through one attempt (`serving.engine_itl`): the morning
-        report judges chat ITL by it, since in production nightshift never sees chat's tokens."""
-        if rows:
-            self._part("engine_itl", rows)
+    def write_engine_histograms(self, itl: list[dict], ttft: list[dict]) -> None:
+        """The replicas' ITL and chat TTFT histograms through one attempt (`serving.engine_itl`):
+        the morning report judges chat by them, since in production nightshift never sees chat's
+        requests."""
+        if itl:
+            self._part("engine_itl", itl)
+        if ttft:
+            self._part("engine_ttft", ttft)
 
     def finish(self, meta: RunMeta) -> RunMeta:
         """Compact the documents table and stamp the end time."""

@@ -117,6 +117,9 @@ ENGINE_ITL = pa.schema(
     ]
 )
 
+ENGINE_TTFT = ENGINE_ITL
+"""The plug-in's chat-only TTFT histogram, in the same shape as ENGINE_ITL."""
+
 # Tables a run directory holds as Parquet, in load order; `runs` comes from run.json instead.
 RUN_TABLES: dict[str, pa.Schema] = {
     "documents": DOCUMENTS,
@@ -125,6 +128,7 @@ RUN_TABLES: dict[str, pa.Schema] = {
     "token_gaps": TOKEN_GAPS,
     "decisions": DECISIONS,
     "engine_itl": ENGINE_ITL,
+    "engine_ttft": ENGINE_TTFT,
     "engine_steps": ENGINE_STEPS,
 }
 
@@ -136,5 +140,6 @@ REQUIRED: dict[str, frozenset[str]] = {
     "token_gaps": frozenset({"run_id", "request_id", "idx", "gap_s", "t"}),
     "decisions": frozenset({"run_id", "t", "replica", "batch_seats", "chunk_tokens"}),
     "engine_itl": frozenset({"run_id", "replica", "t0", "t1", "le_low", "le", "count"}),
+    "engine_ttft": frozenset({"run_id", "replica", "t0", "t1", "le_low", "le", "count"}),
     "engine_steps": frozenset({"run_id", "t", "replica", "steps"}),
 }

@@ -1,4 +1,4 @@
-"""Chat ITL as the engine measured it: per-second scrapes of each replica's ITL histogram.
+"""Chat ITL and TTFT as the engine measured them: per-second scrapes of each replica's histograms.
 
 Where the replica runs the engine plug-in, the histogram is the plug-in's chat-only one (its status
 document's `chat_itl_seconds`): vLLM's own counts batch sequences' gaps too, so a window with
@@ -10,10 +10,15 @@ engine computes, and the client then receives several steps' tokens in one burst
 mix engine step time with host scheduling noise (on this 2-core machine a chat-only p99 of ~180 ms
 over 8 ms steps). vLLM stamps each token in the engine core process, so the histogram it exports is
 the step cadence every decoding sequence sees, which is the quantity admission control acts on and
-the same one the Gate's `VllmMetricsSensor` reads. TTFT stays client-side:
-a batch prompt's TTFT is long by nature and would swamp chat's.
+the same one the Gate's `VllmMetricsSensor` reads.
 
-`EngineItlSeries` is pure (snapshots in, window quantiles out); `EngineItlRecorder` is the thread
+Chat TTFT comes from the plug-in's chat-only TTFT histogram (`chat_ttft_seconds`), never from
+vLLM's, where a batch prompt's TTFT, long by nature, would swamp chat's. In production the night
+never sees a chat request, so this is the only chat TTFT a night's windows can be judged by; where
+chat requests are among the run's own records (a benchmark, the demo) the windows keep theirs
+(sql/slo_windows.sql).
+
+`HistogramSeries` is pure (snapshots in, window quantiles out); `EngineItlRecorder` is the thread
 that scrapes.
 """
 
@@ -39,8 +44,8 @@ from serving.sensors import ITL_HISTOGRAMS
 
 
 @dataclass
-class EngineItlSeries:
-    """Timestamped cumulative ITL histograms per replica, and quantiles over any time span."""
+class HistogramSeries:
+    """Timestamped cumulative histograms of one metric per replica, and quantiles over any span."""
 
     samples: dict[str, list[tuple[float, Histogram]]] = field(default_factory=dict)
 
@@ -70,8 +75,9 @@ class EngineItlSeries:
         return {f"p{q}": self.quantile_ms(t0, t1, q / 100) for q in (50, 95, 99)}
 
     def rows(self, run_id: str) -> list[dict]:
-        """The series as `engine_itl` rows for the warehouse: per replica and scrape interval, the
-        gaps that fell in each bucket (empty buckets left out), so SQL can judge any window."""
+        """The series as `engine_itl` (or `engine_ttft`) rows for the warehouse: per replica and
+        scrape interval, the observations that fell in each bucket (empty buckets left out), so
+        SQL can judge any window."""
         out = []
         for replica, series in self.samples.items():
             for (t0, before), (t1, after) in zip(series, series[1:], strict=False):
@@ -125,7 +131,8 @@ def itl_histogram(text: str) -> Histogram | None:
 
 
 class EngineItlRecorder:
-    """Scrapes every replica's ITL histogram every `interval_s` on a daemon thread.
+    """Scrapes every replica's ITL histogram (`series`), and where the plug-in runs its chat TTFT
+    histogram (`ttft`), every `interval_s` on a daemon thread.
 
     A failed scrape is skipped (the next one covers the span); use as a context manager so the
     thread ends, with a final scrape, when the scenario does.
@@ -143,7 +150,9 @@ class EngineItlRecorder:
         """Where each replica's plug-in status document is read, for its chat-only gaps."""
         self.sources: dict[str, str] = {}
         """Per replica, `plugin` or `vllm`: what its first scrape found, kept for the run."""
-        self.series = EngineItlSeries()
+        self.series = HistogramSeries()
+        self.ttft = HistogramSeries()
+        """Chat-only TTFT, from replicas whose plug-in status has it."""
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="engine-itl", daemon=True)
 
@@ -174,6 +183,8 @@ class EngineItlRecorder:
             doc = read_status(target)
             if doc is not None and "chat_itl_seconds" in doc:
                 self.sources[name] = "plugin"
+                if "chat_ttft_seconds" in doc:
+                    self.ttft.add(name, time.time(), status_histogram(doc, "chat_ttft_seconds"))
                 return status_histogram(doc, "chat_itl_seconds")
             if source == "plugin":
                 return None

@@ -26,6 +26,9 @@ LEFT JOIN (
 DELETE FROM engine_itl WHERE run_id = $run_id;
 INSERT INTO engine_itl BY NAME SELECT * FROM incoming_engine_itl;
 
+DELETE FROM engine_ttft WHERE run_id = $run_id;
+INSERT INTO engine_ttft BY NAME SELECT * FROM incoming_engine_ttft;
+
 DELETE FROM engine_steps WHERE run_id = $run_id;
 INSERT INTO engine_steps BY NAME SELECT * FROM incoming_engine_steps;
 

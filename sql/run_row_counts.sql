@@ -7,4 +7,5 @@ SELECT
     (SELECT count(*) FROM token_gaps WHERE run_id = $run_id) AS token_gaps,
     (SELECT count(*) FROM decisions WHERE run_id = $run_id) AS decisions,
     (SELECT count(*) FROM engine_itl WHERE run_id = $run_id) AS engine_itl,
+    (SELECT count(*) FROM engine_ttft WHERE run_id = $run_id) AS engine_ttft,
     (SELECT count(*) FROM engine_steps WHERE run_id = $run_id) AS engine_steps;

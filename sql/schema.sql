@@ -84,6 +84,19 @@ CREATE TABLE IF NOT EXISTS engine_itl (
     count BIGINT NOT NULL
 );
 
+-- The plug-in's chat-only TTFT histogram, in engine_itl's shape: `count` chat requests got their
+-- first token within (le_low, le] seconds of arriving, between scrapes t0 and t1. A run's windows
+-- judge chat TTFT by it where the run holds no chat request of its own (slo_windows).
+CREATE TABLE IF NOT EXISTS engine_ttft (
+    run_id VARCHAR NOT NULL,
+    replica VARCHAR NOT NULL,
+    t0 DOUBLE NOT NULL,
+    t1 DOUBLE NOT NULL,
+    le_low DOUBLE NOT NULL,
+    le DOUBLE NOT NULL,
+    count BIGINT NOT NULL
+);
+
 CREATE TABLE IF NOT EXISTS decisions (
     run_id VARCHAR NOT NULL,
     t DOUBLE NOT NULL,

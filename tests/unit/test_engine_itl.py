@@ -5,7 +5,7 @@ import pytest
 from bench.scoring import chat_latency, window_verdicts
 from scheduler.records import RequestRecord
 from scheduler.slo import SLO
-from serving.engine_itl import EngineItlSeries, itl_histogram
+from serving.engine_itl import HistogramSeries, itl_histogram
 from serving.metrics import Histogram
 
 BOUNDS = (0.01, 0.05, 0.2, float("inf"))
@@ -20,8 +20,8 @@ def cum(*per_bucket: int) -> Histogram:
     return Histogram(BOUNDS, tuple(out), float(total), 0.0)
 
 
-def series() -> EngineItlSeries:
-    s = EngineItlSeries()
+def series() -> HistogramSeries:
+    s = HistogramSeries()
     s.add("a", 0.0, cum(0, 0, 0, 0))
     s.add("a", 10.0, cum(100, 0, 0, 0))  # window [0, 10): all fast
     s.add("a", 20.0, cum(100, 0, 100, 0))  # window [10, 20): half at 50-200 ms
@@ -101,3 +101,30 @@ def test_a_replica_with_the_plugin_is_judged_by_chats_own_gaps_for_the_whole_run
         # No switch to vLLM's class-blind histogram mid-run: a missed scrape is skipped.
         assert recorder._scrape(client, "r0", "http://127.0.0.1:9") is None
         assert recorder.sources == {"r0": "plugin"}
+
+
+def test_the_plugins_chat_ttft_is_recorded_beside_its_gaps(tmp_path):
+    import json
+
+    import httpx
+
+    from serving.engine_control import ControlTarget
+    from serving.engine_itl import EngineItlRecorder
+
+    def histogram(counts):
+        return {"bounds": [0.1, 1.0], "cumulative": counts, "count": counts[-1], "sum": 1.0}
+
+    status = {"chat_itl_seconds": histogram([5, 6, 6]), "chat_ttft_seconds": histogram([2, 3, 3])}
+    (tmp_path / "status.json").write_text(json.dumps(status))
+    recorder = EngineItlRecorder(
+        [("r0", "http://127.0.0.1:9")],
+        plugin_status={"r0": ControlTarget("r0", folder=tmp_path)},
+    )
+    with httpx.Client() as client:
+        recorder._scrape(client, "r0", "http://127.0.0.1:9")
+        status["chat_ttft_seconds"] = histogram([2, 7, 7])
+        (tmp_path / "status.json").write_text(json.dumps(status))
+        recorder._scrape(client, "r0", "http://127.0.0.1:9")
+    rows = recorder.ttft.rows("night")
+    assert [(r["le_low"], r["le"], r["count"]) for r in rows] == [(0.1, 1.0, 4)]
+    assert {r["run_id"] for r in rows} == {"night"}

@@ -25,6 +25,7 @@ SAMPLE_ROWS = {
     "token_gaps": 13,
     "decisions": 5,
     "engine_itl": 0,
+    "engine_ttft": 0,
     "engine_steps": 0,
 }
 
@@ -124,7 +125,7 @@ def test_named_query_errors(tmp_path: Path) -> None:
         sql_text("nope")
     with pytest.raises(QueryError, match=r"needs parameter\(s\) \['run_id'\]"):
         query(con, "report_cost")
-    with pytest.raises(QueryError, match="holds 16 statements"):
+    with pytest.raises(QueryError, match="holds 18 statements"):
         query(con, "load_run", run_id="x")
     con.close()
 

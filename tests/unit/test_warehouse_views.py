@@ -340,7 +340,7 @@ def test_times_outside_the_run_fall_into_its_first_and_last_window(tmp_path) -> 
 def engine_series():
     """r0 and r1 scraped at each window's end: window 0 all fast, window 1 fast but for 5% in
     (10, 50] ms, window 2 a fifth in (50, 200] ms."""
-    from serving.engine_itl import EngineItlSeries
+    from serving.engine_itl import HistogramSeries
     from serving.metrics import Histogram
 
     bounds = (0.01, 0.05, 0.2, float("inf"))
@@ -349,7 +349,7 @@ def engine_series():
         totals = np.cumsum(per_bucket).astype(float)
         return Histogram(bounds, tuple(totals), float(totals[-1]), 0.0)
 
-    series = EngineItlSeries()
+    series = HistogramSeries()
     for replica in ("r0", "r1"):
         series.add(replica, T0 - 0.5, cum(0, 0, 0, 0))
         series.add(replica, T0 + 9.5, cum(200, 0, 0, 0))
@@ -386,3 +386,53 @@ def test_engine_itl_judges_chat_windows_where_recorded(warehouse) -> None:
     # a run without the histogram is judged by its streamed gaps
     plain = [r for r in view_rows(con, "slo_windows") if r["class"] == "chat"]
     assert {r["itl_source"] for r in plain} == {"client"}
+
+
+def test_a_night_without_chat_requests_judges_chat_ttft_by_the_engine(tmp_path) -> None:
+    """In production the night holds no chat request: its windows take chat TTFT from the
+    plug-in's chat-only histogram, and a slow one breaks the SLO (200 ms here)."""
+    from serving.engine_itl import HistogramSeries
+    from serving.metrics import Histogram
+
+    run_id = "sample-prod"
+    records = write_sample_run(tmp_path, run_id)
+    batch = [r for r in records if r.cls == "batch"]
+    directory = run_dir(tmp_path, run_id)
+    write_table(directory, "requests", [r.row() for r in batch], run_id=run_id)
+    gaps = [{"request_id": g.request_id, "idx": g.idx, "gap_s": g.gap_s, "t": g.t} for r in batch
+            for g in r.gaps]  # fmt: skip
+    write_table(directory, "token_gaps", gaps, run_id=run_id)
+
+    def series(*windows: tuple[int, ...]) -> HistogramSeries:
+        bounds = (0.01, 0.1, 1.0, float("inf"))
+        s, total = HistogramSeries(), np.zeros(4)
+        s.add("r0", T0 - 0.5, Histogram(bounds, (0.0,) * 4, 0.0, 0.0))
+        for w, counts in enumerate(windows):
+            total = total + np.cumsum(counts)
+            s.add("r0", T0 + 9.5 + 10 * w, Histogram(bounds, tuple(total), total[-1], 0.0))
+        return s
+
+    itl = series((100, 0, 0, 0), (100, 0, 0, 0), (100, 0, 0, 0))  # every gap under 10 ms
+    ttft = series((0, 20, 0, 0), (0, 20, 0, 0), (0, 16, 4, 0))  # a fifth over 100 ms in w2
+    write_table(directory, "engine_itl", itl.rows(run_id), run_id=run_id)
+    write_table(directory, "engine_ttft", ttft.rows(run_id), run_id=run_id)
+    load_results(tmp_path)
+    con = connect(db_path(tmp_path), read_only=True)
+    chat = sorted(
+        (r for r in view_rows(con, "slo_windows", run_id) if r["class"] == "chat"),
+        key=lambda r: r["window_idx"],
+    )
+    con.close()
+    assert [r["requests"] for r in chat] == [0, 0, 0]
+    assert {(r["ttft_source"], r["itl_source"]) for r in chat} == {("engine", "engine")}
+    spans = [(T0 - 0.5, T0 + 9.5), (T0 + 9.5, T0 + 19.5), (T0 + 19.5, T0 + 29.5)]
+    for r, (a, b) in zip(chat, spans, strict=True):
+        assert r["ttft_p99_ms"] == pytest.approx(ttft.quantile_ms(a, b, 0.99))
+    assert chat[0]["ttft_p99_ms"] <= 100.0 < chat[2]["ttft_p99_ms"]
+    assert [r["slo_met"] for r in chat] == [True, True, False]
+
+
+def test_a_run_with_chat_requests_keeps_their_ttft(warehouse) -> None:
+    con, _ = warehouse
+    chat = [r for r in view_rows(con, "slo_windows") if r["class"] == "chat"]
+    assert chat and {r["ttft_source"] for r in chat} == {"client"}
