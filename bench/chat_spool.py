@@ -6,6 +6,9 @@ writes the `requests` and `token_gaps` tables as numbered parts (`requests/chat-
 ...) that the warehouse reads as one table (`warehouse.run_files.read_table`). Memory holds at most
 `rows_per_part` records; a kill loses at most those. A new spool in a directory replaces the parts
 an earlier run left there, as writing the tables whole did.
+
+The Parquet writer is imported with this module, so the memory its libraries take is there when
+the run starts rather than appearing at the first part, minutes in, as if the run had grown.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from scheduler.records import RequestRecord
+from warehouse.run_files import write_table  # at start-up, not at the first part: see below
 
 ROWS_PER_PART = 500
 """Records a part holds: at the chat rates of a night (0.5-2 requests/s) one part every few
@@ -46,8 +50,6 @@ class RecordSpool:
 
     def flush(self) -> None:
         """Write what is buffered as the next part; nothing when the buffer is empty."""
-        from warehouse.run_files import write_table
-
         if not self._records:
             return
         part = f"{PART_PREFIX}{self.parts + 1:05d}"

@@ -422,8 +422,8 @@ def _summarize(
         ),
     )
     with RunProgress(total, enabled=spec.show_progress) as progress:
-        for batch in outcomes.iter_batches(batch_size=None, batch_format="pyarrow"):
-            rows = batch.to_pylist()
+        for block in _blocks(ray, outcomes):
+            rows = block.to_pylist()
             store.write_outcomes(rows)
             caps = ray.get(gate.caps.remote())
             for r in rows:
@@ -433,6 +433,19 @@ def _summarize(
                 _observe_requests(metrics, r)
                 progress.update(r["batch_tokens"], caps)
     return totals
+
+
+def _blocks(ray, dataset):
+    """The dataset's blocks as they finish, each an Arrow table (a bundle's slice applied).
+
+    Not `iter_batches`: every few seconds it sends the dataset's whole statistics, which hold an
+    entry per block so far, to Ray Data's stats actor, and with a block per document that actor
+    grows through the night by the size of the largest such message. Blocks read by reference
+    send it nothing."""
+    for bundle in dataset.iter_internal_ref_bundles():
+        for entry, part in zip(bundle.blocks, bundle.slices, strict=True):
+            block = ray.get(entry.ref)
+            yield block if part is None else block.slice(part.start_offset, part.num_rows)
 
 
 def _observe_requests(metrics: RunMetrics, outcome: dict) -> None:

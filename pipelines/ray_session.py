@@ -29,12 +29,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 ADDRESS_ENV = "RAY_ADDRESS"
-TASK_EVENTS_KEPT = 10_000
+TASK_EVENTS_KEPT = 1_000
 """Finished tasks whose records the GCS of a Ray the run starts keeps (Ray's default: 100,000).
 A night runs a Ray Data task per document, and the GCS holds every task's record until its cap,
-so under the default its memory grows through the first hundred thousand. Nothing in a run reads
-them; the last ten thousand are there for `ray list tasks`. A cluster's nodes set theirs when
-they start (docs/operations.md, "Ray cluster")."""
+so its memory grows until the cap is reached: under the default, through the first hundred
+thousand tasks. Nothing in a run reads them; the last thousand are there for `ray list tasks`.
+A cluster's nodes set theirs when they start (docs/operations.md, "Ray cluster")."""
 
 
 class RayAddressError(ValueError):
