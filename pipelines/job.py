@@ -422,7 +422,7 @@ def _summarize(
         ),
     )
     with RunProgress(total, enabled=spec.show_progress) as progress:
-        for block in _blocks(ray, outcomes):
+        for block in finished_blocks(ray, outcomes):
             rows = block.to_pylist()
             store.write_outcomes(rows)
             caps = ray.get(gate.caps.remote())
@@ -435,7 +435,7 @@ def _summarize(
     return totals
 
 
-def _blocks(ray, dataset):
+def finished_blocks(ray, dataset):
     """The dataset's blocks as they finish, each an Arrow table (a bundle's slice applied).
 
     Not `iter_batches`: every few seconds it sends the dataset's whole statistics, which hold an
