@@ -52,11 +52,13 @@ async def test_a_short_run_records_every_request_and_reuses_the_shared_prefix(
     for turn in result.turns:
         r = turn.record
         assert r.output_tokens == turn.plan.output_tokens
-        # One gap per streamed chunk: a lagging API server merges several steps into one chunk.
-        assert 1 <= len(r.gaps) <= r.output_tokens - 1
+        # One gap per streamed chunk: a lagging API server merges several steps into one chunk
+        # (on a starved host a whole short answer arrives as one).
+        assert len(r.gaps) <= r.output_tokens - 1
         assert r.ttft_s is not None and 0 < r.ttft_s <= r.e2e_s
         # Sizes are planned with the served tokenizer and the model's template: exact.
         assert abs(r.prompt_tokens - turn.planned_prompt_tokens) <= 2
+    assert sum(len(t.record.gaps) for t in result.turns) > 0  # the client records gaps
     later = [t for t in result.turns if t.plan.turn > 0]
     assert later, "some session came back within the run"
     for turn in later:
