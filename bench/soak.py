@@ -30,6 +30,7 @@ from bench import soak_processes as procs
 from bench.soak_night import Night
 from bench.soak_plan import (
     CHAT_TAIL_S,
+    DOCS_PER_MINUTE,
     MEMORY_EVERY_S,
     MIN_MINUTES,
     deadline_hhmm,
@@ -75,7 +76,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="Default: cpu-small, or cpu-small-fp32 on a CPU without native bf16.",
     )
     p.add_argument("--out", type=Path, default=None, help="Default: results/soak/<timestamp>.")
-    p.add_argument("--docs", type=int, default=None, help="Corpus size; default: 150 a minute.")
+    p.add_argument(
+        "--docs", type=int, default=None, help=f"Corpus size; default: {DOCS_PER_MINUTE} a minute."
+    )
     p.add_argument("--min-tokens", type=int, default=600, help="Shortest document.")
     p.add_argument("--max-tokens", type=int, default=2400, help="Longest document.")
     p.add_argument("--chat-low-rps", type=float, default=0.5, help="Chat rate at its lowest.")

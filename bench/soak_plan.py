@@ -28,10 +28,11 @@ have ended one), so that the night starts the next attempt first and the fault l
 PROMETHEUS_STOP_S = 30.0
 """How long Prometheus stays stopped: past the controller's `stale_after_s` (15 s), so the
 controller has to pause batch and cold-start after it."""
-DOCS_PER_MINUTE = 150
+DOCS_PER_MINUTE = 320
 """Default corpus size per minute of night: half as much again as one cpu-small replica finished
-beside the soak's chat in steady state (about 100 documents of 600-2400 tokens a minute), so the
-corpus outlasts the night and every minute of it carries batch work."""
+beside the soak's chat with the faults (about 210 documents of 600-2400 tokens a minute), so the
+corpus outlasts the night: every minute of it carries batch work, the run is still there for the
+last fault and for the end-of-night memory sample."""
 END_SAMPLE_LEAD_S = 30.0
 """The end-of-night memory sample is taken this long before the deadline (at most 5% of the
 night), while chat load and the run are both still at work: at the deadline itself chat load may

@@ -10,6 +10,7 @@ import pytest
 
 from bench.soak_memory import MEASURED, ProcessMemory, by_role, growth, role_of, unmeasured
 from bench.soak_plan import (
+    DOCS_PER_MINUTE,
     FAULT_FRACTIONS,
     RESUME_MARGIN_S,
     chat_period_s,
@@ -87,7 +88,7 @@ def test_no_attempt_starts_close_to_the_deadline() -> None:
 
 
 def test_corpus_config_and_chat_swing() -> None:
-    assert default_docs(120) == 18000 and default_docs(0.1) == 16
+    assert default_docs(120) == 120 * DOCS_PER_MINUTE and default_docs(0.01) == 16
     assert engine_config_for(True) == Path("engine_configs/cpu-small-fp32.yaml")
     assert engine_config_for(False) == Path("engine_configs/cpu-small.yaml")
     assert chat_period_s(600.0) == 300.0
