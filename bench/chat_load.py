@@ -168,7 +168,6 @@ async def run_chat_load(
     router = Router([n for n, _ in replicas], spec.routing)
     tally = ChatTally(dict(spec.goodput_slos) or default_goodput_slos())
     run = _Run(spec, builder, clients, router, run_id, tokenizer, tally, on_record, spool)
-    run.last_turns(plans)
     started = time.time()
     try:
         await run.play(plans, stop)
@@ -220,12 +219,9 @@ class _Run:
         self.window_s = 0.0
         self.stopped = asyncio.Event()
 
-    def last_turns(self, plans: list[TurnPlan]) -> None:
-        """Note each session's last planned turn: its history is dropped once that turn ends."""
-        for plan in plans:
-            self._last_turn[plan.session] = max(plan.turn, self._last_turn.get(plan.session, 0))
-
     async def play(self, plans: list[TurnPlan], stop: asyncio.Event | None) -> None:
+        for plan in plans:  # a session's history is dropped once its last planned turn ends
+            self._last_turn[plan.session] = max(plan.turn, self._last_turn.get(plan.session, 0))
         loop = asyncio.get_running_loop()
         t0 = loop.time()
         deadline = loop.call_at(t0 + self.spec.duration_s, self.stopped.set)

@@ -198,7 +198,6 @@ def run_night(night: Night, log: NightLog, args: argparse.Namespace, watch: Summ
         running = not night.run_ended()
         if not log.memory_start and (rows or due):
             take_start_sample(night, log)
-            take_series_sample(night, log)
         elif (
             log.memory_series
             and time.time() - log.t0 >= log.memory_series[-1]["at_s"] + MEMORY_EVERY_S

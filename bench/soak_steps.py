@@ -52,13 +52,15 @@ def start_chat(night: Night, duration: float, args: argparse.Namespace) -> None:
 
 
 def take_start_sample(night: Night, log: NightLog) -> None:
+    """The judged start sample, which is also the series' first point."""
     log.memory_start, log.memory_start_at = sample_memory(night), time.time()
     log.event(f"start memory sampled ({len(log.memory_start)} processes)")
+    take_series_sample(night, log, log.memory_start)
 
 
-def take_series_sample(night: Night, log: NightLog) -> None:
-    """One point of the memory series: per-process MiB of each role, now."""
-    roles = by_role(sample_memory(night))
+def take_series_sample(night: Night, log: NightLog, sample: list | None = None) -> None:
+    """One point of the memory series: per-process MiB of each role in `sample` (default: now)."""
+    roles = by_role(sample if sample is not None else sample_memory(night))
     log.memory_series.append(
         {
             "at_s": round(time.time() - log.t0, 1),
