@@ -26,8 +26,10 @@ from warehouse.run_files import read_table
 
 pytestmark = [pytest.mark.engine, pytest.mark.prometheus]
 
-DOCS = [f"doc-{i:02d}" for i in range(48)]
-"""Enough for the night to outlast the outage: the controller opens 8 seats at its cold start."""
+DOCS = [f"doc-{i:03d}" for i in range(120)]
+"""Enough for the night to outlast the outage: the controller opens 8 seats at its cold start.
+48 once sufficed; since the night reads its outcomes by block reference, 48 have finished within
+3 s of the first summary, before the outage began to count."""
 INTERVAL_S = 2.0
 """The Gate's decision interval (`JobSpec.interval_s`, the run's default)."""
 SENSOR_TIMEOUT_S = 2.0
