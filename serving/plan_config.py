@@ -1,8 +1,10 @@
 """A capacity plan as an engine config the launcher accepts (`nightshift plan --emit-engine-config`).
 
-The plan's numbers become vLLM flags: the step budget from the chunk advised at prefix 0, the long
-prompt threshold from the deepest position's advice, the KV dtype in the engine's names. A written
-file is validated against the launcher's schema first, so it always loads.
+The plan's numbers become vLLM flags: the step budget from the chunk advised at prefix 0 (what
+chat alone needs: chat prompts start there), the KV dtype in the engine's names, and the engine
+plug-in (`serving/engine_site/budget_scheduler.py`), which sizes each batch chunk to its position
+inside that budget. A written file is validated against the launcher's schema first, so it always
+loads.
 """
 
 from __future__ import annotations
@@ -25,8 +27,10 @@ def engine_config_for(p: Plan) -> dict:
     """The engine config (serving.engine_config schema) that runs plan `p` on vLLM.
 
     The step budget `max-num-batched-tokens` counts decode tokens too, so it is the chunk advised
-    at prefix 0 plus one token per planned sequence; `long-prefill-token-threshold` caps each long
-    prompt's chunk at the size advised for the deepest position, safe at any position.
+    at prefix 0 plus one token per planned sequence. `long-prefill-token-threshold` equals it: one
+    chat prompt may fill a step, which keeps chat TTFT down. Batch prompts are not capped by a
+    flag: the plug-in grants each of their chunks what fits the controller's step target at its
+    prefix, so the deepest position's advice no longer has to cap every position.
     """
     chunks = [c.chunk_tokens for c in p.recommended_chunk_tokens if c.chunk_tokens > 0]
     if not chunks or p.recommended_chunk_tokens[0].chunk_tokens == 0:
@@ -51,11 +55,15 @@ def engine_config_for(p: Plan) -> dict:
             "count": p.gpus,
             "hourly_usd": round(p.hourly_usd, 4),
         },
-        "vllm": _vllm_flags(p, budget, min(chunks)),
+        "vllm": _vllm_flags(p, budget),
     }
 
 
-def _vllm_flags(p: Plan, budget: int, threshold: int) -> dict:
+PLUGIN = "serving.engine_site.budget_scheduler.AsyncBudgetScheduler"
+"""The plug-in's class on a GPU host, where vLLM schedules asynchronously."""
+
+
+def _vllm_flags(p: Plan, budget: int) -> dict:
     dtype = "float16" if p.weight_dtype == "fp16" else "bfloat16"
     kv = VLLM_KV_CACHE_DTYPE.get(p.kv_dtype) or VLLM_DTYPE[p.kv_dtype]
     flags = {
@@ -64,10 +72,12 @@ def _vllm_flags(p: Plan, budget: int, threshold: int) -> dict:
         "max-model-len": p.max_model_len,
         "max-num-seqs": p.decode_batch,
         "max-num-batched-tokens": budget,
-        "long-prefill-token-threshold": threshold,
+        "long-prefill-token-threshold": budget,
         "enable-chunked-prefill": True,
         "enable-prefix-caching": True,
         "scheduling-policy": "priority",
+        "scheduler-cls": PLUGIN,
+        "enable-prompt-tokens-details": True,
         "kv-cache-dtype": "auto" if kv == dtype else kv,
         "gpu-memory-utilization": p.gpu_memory_utilization,
     }
