@@ -121,6 +121,18 @@ def case_target(folder: Path) -> dict:
     return {"steps": chat_arrives_mid_prefill(budget_scheduler.BudgetScheduler, folder, TARGET_MS)}
 
 
+def case_async(folder: Path) -> dict:
+    """The GPU variant (vLLM's AsyncScheduler underneath), stepped as the sync cases are."""
+    from vllm.v1.core.sched.async_scheduler import AsyncScheduler
+
+    return {
+        "stock": chat_arrives_mid_prefill(AsyncScheduler, None, None),
+        "target": chat_arrives_mid_prefill(
+            budget_scheduler.AsyncBudgetScheduler, folder, TARGET_MS
+        ),
+    }
+
+
 def case_change(folder: Path) -> dict:
     s = make(budget_scheduler.BudgetScheduler, folder)
     send(folder, 1, 30.0)

@@ -23,6 +23,7 @@ CASES = [
     "canary",
     "stock_vs_inert",
     "target",
+    "async",
     "change",
     "expiry",
     "malformed",
@@ -62,6 +63,12 @@ def test_batch_is_capped_per_step_and_a_new_chat_gets_its_whole_prompt(seen):
     grants = [s["batch"] for s in steps[4:]]
     assert all(g % 16 == 0 for g in grants)
     assert grants[-1] <= grants[0], "deeper into the prompt, the same target buys no more"
+
+
+def test_the_gpu_variant_on_vllms_async_scheduler_grants_what_the_sync_one_does(seen):
+    stock, target = seen["async"]["stock"], seen["async"]["target"]
+    assert all("chat" not in s for s in stock), "stock async vLLM starves the chat just the same"
+    assert target == seen["target"]["steps"]
 
 
 def test_a_new_document_applies_on_the_next_step_and_pause_stops_batch_prefill(seen):
