@@ -62,6 +62,17 @@ def driver_env(cluster, tmp_path: Path) -> dict:
     }
 
 
+def run_command(corpus: Path, engine_config: str, replica_url: str, run_id: str, results: str):
+    """`nightshift run` as both nights start it: static caps, so the run asks nothing of the
+    controller and its figures depend on the cluster alone."""
+    return [
+        sys.executable, "-m", "flows.cli", "run", "--corpus", str(corpus),
+        "--engine-config", engine_config, "--replica-url", replica_url,
+        "--run-id", run_id, "--results", results, "--policy", "static",
+        "--static-seats", "2", "--static-chunk", "400",
+    ]  # fmt: skip
+
+
 @pytest.fixture(scope="module")
 def node_cwd(tmp_path_factory) -> Path:
     """Where the nodes run: nothing of a run may land here."""
@@ -86,12 +97,9 @@ def test_a_night_spreads_over_two_nodes_and_leaves_the_cluster_up(
     driver_cwd.mkdir()
     doc_ids = write_corpus(tmp_path / "corpus.parquet", docs=8, lo=300, hi=900, seed=11)
     env = driver_env(cluster, tmp_path)
-    command = [
-        sys.executable, "-m", "flows.cli", "run", "--corpus", str(tmp_path / "corpus.parquet"),
-        "--engine-config", str(TINY), "--replica-url", tiny_replica.base_url,
-        "--run-id", "two-nodes", "--results", "results", "--policy", "static",
-        "--static-seats", "2", "--static-chunk", "400",
-    ]  # fmt: skip
+    command = run_command(
+        tmp_path / "corpus.parquet", str(TINY), tiny_replica.base_url, "two-nodes", "results"
+    )
     # Relative results: resolved in the driver's folder, not on the node the Gate runs on.
     done = subprocess.run(
         command, env=env, cwd=driver_cwd, capture_output=True, text=True, timeout=300
@@ -133,12 +141,13 @@ def test_a_submitted_night_runs_in_the_shipped_runtime_env(
     env[JOB_CONFIG_ENV] = json.dumps({"runtime_env": runtime_env, "metadata": {}})
     doc_ids = write_corpus(tmp_path / "corpus.parquet", docs=4, lo=200, hi=500, seed=12)
     results = tmp_path / "results"
-    entrypoint = [
-        sys.executable, "-m", "flows.cli", "run", "--corpus", str(tmp_path / "corpus.parquet"),
-        "--engine-config", "engine_configs/cpu-tiny.yaml", "--replica-url", tiny_replica.base_url,
-        "--run-id", "submitted", "--results", str(results), "--policy", "static",
-        "--static-seats", "2", "--static-chunk", "400",
-    ]  # fmt: skip
+    entrypoint = run_command(
+        tmp_path / "corpus.parquet",
+        "engine_configs/cpu-tiny.yaml",
+        tiny_replica.base_url,
+        "submitted",
+        str(results),
+    )
     done = subprocess.run(
         entrypoint, env=env, cwd=REPO, capture_output=True, text=True, timeout=300
     )
