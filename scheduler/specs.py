@@ -21,8 +21,11 @@ GPUS_FILE = SPECS_DIR / "gpus.yaml"
 
 E = TypeVar("E", bound=BaseModel)
 
-DTYPE_BYTES: dict[str, float] = {"bf16": 2.0, "fp16": 2.0, "fp8": 1.0, "int8": 1.0, "int4": 0.5}
-"""Bytes per stored value. int4 ignores group scales (~3% more in real checkpoints)."""
+DTYPE_BYTES: dict[str, float] = {
+    "bf16": 2.0, "fp16": 2.0, "fp8": 1.0, "int8": 1.0, "int4": 0.5, "fp32": 4.0,
+}  # fmt: skip
+"""Bytes per stored value. int4 ignores group scales (~3% more in real checkpoints); fp32 is for
+CPU replicas without native bf16, whose steps are priced by their fit, not by a roofline."""
 
 
 class SpecError(ValueError):
@@ -76,6 +79,11 @@ class GpuSpec:
         """Dense FLOP/s for the linear layers: FP8 weights use the FP8 tensor cores (W8A8); 16-bit
         and weight-only int8/int4 weights are dequantized and multiply at the BF16 rate."""
         dtype_bytes(weight_dtype)
+        if weight_dtype == "fp32":
+            raise SpecError(
+                "fp32 weights: the GPU table has no FP32 matmul rate to price them by; fit the "
+                "replica's steps (`nightshift calibrate`) and pass the fit"
+            )
         return self.fp8_flops if weight_dtype == "fp8" else self.bf16_flops
 
 

@@ -21,7 +21,13 @@ from scheduler.step import StepTimeModel
 from serving.engine_config import EngineConfig, load_engine_config
 
 WEIGHT_DTYPES = {"bfloat16": "bf16", "bf16": "bf16", "auto": "bf16", "float16": "fp16"}
-WEIGHT_DTYPES |= {"half": "fp16", "fp16": "fp16"}
+WEIGHT_DTYPES |= {
+    "half": "fp16",
+    "fp16": "fp16",
+    "float32": "fp32",
+    "float": "fp32",
+    "fp32": "fp32",
+}
 KV_FP8 = ("fp8", "fp8_e4m3", "fp8_e5m2")
 CPU_KV_DEFAULT_GIB = 4.0
 """vLLM-CPU's KV space when VLLM_CPU_KVCACHE_SPACE is unset."""
@@ -75,7 +81,11 @@ def dtypes(cfg: EngineConfig) -> tuple[str, str]:
         )
     weight = "fp8" if quantization == "fp8" else WEIGHT_DTYPES[dtype]
     kv = str(cfg.flag("kv-cache-dtype", "auto")).lower()
-    return weight, "fp8" if kv in KV_FP8 else WEIGHT_DTYPES.get(kv, WEIGHT_DTYPES[dtype])
+    if kv in KV_FP8:
+        return weight, "fp8"
+    return weight, WEIGHT_DTYPES[dtype] if kv == "auto" else WEIGHT_DTYPES.get(
+        kv, WEIGHT_DTYPES[dtype]
+    )
 
 
 def shape(cfg: EngineConfig) -> ModelSpec:

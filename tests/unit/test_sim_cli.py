@@ -12,6 +12,8 @@ from typer.testing import CliRunner
 
 from flows.cli_simulate import register
 from scheduler.latency_model import LatencyModel
+from serving.engine_config import load_engine_config
+from serving.engine_profile import dtypes, kv_capacity
 from serving.engine_profile import parse_assignment as parse_override
 from warehouse.run_files import read_meta
 
@@ -99,8 +101,9 @@ def test_a_malformed_trace_names_its_line(tmp_path):
     assert result.exit_code == 2 and "t.csv:3" in result.stderr
 
 
-def test_a_cpu_replica_needs_a_fitted_model_and_runs_with_one(tmp_path):
-    cpu = ["--engine-config", str(CONFIGS / "cpu-small.yaml"), "--chat-rate", "2"]
+@pytest.mark.parametrize("config", ["cpu-small.yaml", "cpu-small-fp32.yaml"])
+def test_a_cpu_replica_needs_a_fitted_model_and_runs_with_one(tmp_path, config):
+    cpu = ["--engine-config", str(CONFIGS / config), "--chat-rate", "2"]
     cpu += ["--duration", "20", "--context-tokens", "200", "--system-prompt-tokens", "300"]
     refused = simulate(*cpu)
     assert refused.exit_code == 2 and "--latency-model" in refused.stderr
@@ -110,6 +113,15 @@ def test_a_cpu_replica_needs_a_fitted_model_and_runs_with_one(tmp_path):
     result = simulate(*cpu, "--latency-model", str(fit), "--json", str(out))
     assert result.exit_code == 0, result.output
     assert json.loads(out.read_text())["chat"]["requests"] > 0
+
+
+def test_a_float32_replica_holds_half_the_kv_tokens_of_its_bf16_twin():
+    """vLLM keeps KV in the model's dtype when kv-cache-dtype is auto."""
+    bf16, fp32 = (
+        load_engine_config(CONFIGS / n) for n in ("cpu-small.yaml", "cpu-small-fp32.yaml")
+    )
+    assert dtypes(fp32) == ("fp32", "fp32") and dtypes(bf16) == ("bf16", "bf16")
+    assert kv_capacity(fp32) * 2 == kv_capacity(bf16)
 
 
 def test_records_make_a_warehouse_run_directory(tmp_path):

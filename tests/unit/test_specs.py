@@ -85,10 +85,16 @@ def test_unknown_gpu_lists_known_ones():
 
 
 def test_dtype_bytes():
-    assert [dtype_bytes(d) for d in ("bf16", "fp16", "fp8", "int8", "int4")] == [2, 2, 1, 1, 0.5]
+    dtypes = ("bf16", "fp16", "fp8", "int8", "int4", "fp32")
+    assert [dtype_bytes(d) for d in dtypes] == [2, 2, 1, 1, 0.5, 4]
     with pytest.raises(SpecError, match="known dtypes: bf16"):
         dtype_bytes("fp4")
-    assert set(DTYPE_BYTES) == {"bf16", "fp16", "fp8", "int8", "int4"}
+    assert set(DTYPE_BYTES) == set(dtypes)
+
+
+def test_a_gpu_roofline_refuses_fp32_weights_and_says_to_fit_instead():
+    with pytest.raises(SpecError, match="nightshift calibrate"):
+        gpu_spec("h100").matmul_flops("fp32")
 
 
 def test_a_bad_gpu_entry_names_entry_and_field(tmp_path):
