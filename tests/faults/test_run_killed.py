@@ -97,3 +97,46 @@ def test_killed_run_leaves_nothing_and_its_rerun_loses_and_repeats_nothing(
     assert docs == len(DOCS)
     left = wait_gone(agents, timeout_s=120)
     assert not left, [command(p) for p in left]
+
+
+def test_ctrl_c_then_sigterm_stop_a_night_whose_next_run_finishes_it(
+    tmp_path: Path, tiny_replica
+) -> None:
+    """Ctrl-C (SIGINT) to one attempt, SIGTERM to the next, each once documents are done: each
+    exits on its own within a minute and takes Ray and Prefect's server with it, and the third
+    attempt finishes the night with every document summarized once."""
+    corpus(tmp_path / "c.parquet")
+    run_dir = tmp_path / "results" / "runs" / "stopped"
+    url = ["--replica-url", tiny_replica.base_url]
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        before = len(summaries_so_far(run_dir))
+        run = start_run(tmp_path, "stopped", *url)
+        deadline = time.monotonic() + 400
+        while time.monotonic() < deadline and len(summaries_so_far(run_dir)) < before + 2:
+            assert run.poll() is None, run.stdout.read()[-3000:]
+            time.sleep(0.2)
+        tree = descendants(run.pid)
+        sent = time.monotonic()
+        os.kill(run.pid, sig)
+        try:
+            out, _ = run.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            run.kill()
+            pytest.fail(f"{sig.name}: `nightshift run` still running 60 s after it")
+        exited = time.monotonic() - sent
+        assert run.returncode != 0, f"{sig.name}: a stopped night must not exit 0"
+        assert before < len(summaries_so_far(run_dir)) < len(DOCS), (
+            "the signal did not land mid-night"
+        )
+        agents = {p for p in tree if command(p).startswith(AGENTS)}
+        left = wait_gone(tree - agents, timeout_s=60)
+        assert not left, (sig.name, [command(p) for p in left])
+        print(
+            f"{sig.name}: run exited {exited:.1f} s after it, its processes gone {time.monotonic() - sent:.1f} s after it"
+        )
+    done = set(summaries_so_far(run_dir))
+    last = start_run(tmp_path, "stopped", *url)
+    out, _ = last.communicate(timeout=600)
+    assert last.returncode == 0, out[-3000:]
+    assert f"{len(done)} already done" in out
+    assert sorted(summaries_so_far(run_dir)) == DOCS  # every document exactly once
