@@ -413,7 +413,8 @@ async def test_calibrate_fits_and_reports_too_few_samples() -> None:
 
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(httpx.AsyncClient, "__init__", with_fake)
-        with pytest.raises(CalibrationError, match="only 2 engine steps"):
+        # 2 steps on a quiet host; a loaded one can spoil a timing difference, leaving fewer
+        with pytest.raises(CalibrationError, match=r"only [0-2] engine steps could be timed"):
             await calibrate("http://fake", "m", plan, vocab=1000)
 
 
