@@ -34,12 +34,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     from bench.chat_thread import ChatLoadThread
     from bench.slo_baseline import measure_slo
     from flows.nightly import default_pipeline, nightly_summarization
+    from flows.prefect_server import tie_temporary_server
     from pipelines.corpus_maker import CorpusSpec, make_corpus, write_corpus
     from scheduler.latency_model import LatencyModel
     from serving.engine_config import load_engine_config
     from serving.launcher import ReplicaSet, free_port
     from serving.tokenizer import tokenizer_for
 
+    tie_temporary_server()  # Prefect's server goes with the demo, however the demo ends
     config = load_engine_config(config_path)
     tokenizer = tokenizer_for(config)
     run_id = time.strftime(f"{demo.name}-%Y%m%d-%H%M%S")

@@ -5,6 +5,12 @@ process (uvicorn) and stops from an `atexit` hook. A command that dies without r
 hooks (kill -9, or SIGTERM, whose default action skips them) left that server running with parent
 1, one per killed run. `tie_temporary_server()` asks the kernel to SIGTERM the server when its
 parent dies, as the launcher does for replicas (`serving.launcher`).
+
+It also starts the server in a session of its own. A Ctrl-C at a terminal signals the whole
+foreground process group: the server, in that group, stopped at once, and the run, which must
+record its flow as crashed before it exits, retried that call against the dead server for minutes
+while Ray stayed up. Out of the group, the server outlives the Ctrl-C by the few seconds the run
+needs, and dies with it.
 """
 
 from __future__ import annotations
@@ -30,7 +36,9 @@ def tie_temporary_server() -> None:
     @functools.wraps(start_child)
     def tied(self):
         popen = server.subprocess.Popen
-        server.subprocess = _WithPopen(functools.partial(popen, preexec_fn=die_with_parent))
+        server.subprocess = _WithPopen(
+            functools.partial(popen, preexec_fn=die_with_parent, start_new_session=True)
+        )
         try:
             return start_child(self)
         finally:

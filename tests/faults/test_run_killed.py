@@ -37,13 +37,15 @@ def corpus(path: Path) -> Path:
     return path
 
 
-def start_run(work: Path, run_id: str, *more: str) -> subprocess.Popen:
+def start_run(work: Path, run_id: str, *more: str, session: bool = False) -> subprocess.Popen:
+    """`nightshift run` on the corpus in `work`; with `session`, as a terminal's foreground job:
+    the leader of its own process group, which a Ctrl-C signals whole."""
     return subprocess.Popen(
         [sys.executable, "-m", "flows.cli", "run", "--corpus", str(work / "c.parquet"),
          "--engine-config", str(TINY), "--policy", "static", "--static-seats", "4",
          "--run-id", run_id, "--results", str(work / "results"), *more],
         cwd=work, env={**os.environ, "PREFECT_HOME": str(work / "prefect")},
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=session,
     )  # fmt: skip
 
 
@@ -102,7 +104,8 @@ def test_killed_run_leaves_nothing_and_its_rerun_loses_and_repeats_nothing(
 def test_ctrl_c_then_sigterm_stop_a_night_whose_next_run_finishes_it(
     tmp_path: Path, tiny_replica
 ) -> None:
-    """Ctrl-C (SIGINT) to one attempt, SIGTERM to the next, each once documents are done: each
+    """Ctrl-C to one attempt (SIGINT to its whole process group, as a terminal sends it), SIGTERM
+    to the next (to the run alone, as a supervisor sends it), each once documents are done: each
     exits on its own within a minute and takes Ray and Prefect's server with it, and the third
     attempt finishes the night with every document summarized once."""
     corpus(tmp_path / "c.parquet")
@@ -110,14 +113,17 @@ def test_ctrl_c_then_sigterm_stop_a_night_whose_next_run_finishes_it(
     url = ["--replica-url", tiny_replica.base_url]
     for sig in (signal.SIGINT, signal.SIGTERM):
         before = len(summaries_so_far(run_dir))
-        run = start_run(tmp_path, "stopped", *url)
+        run = start_run(tmp_path, "stopped", *url, session=True)
         deadline = time.monotonic() + 400
         while time.monotonic() < deadline and len(summaries_so_far(run_dir)) < before + 2:
             assert run.poll() is None, run.stdout.read()[-3000:]
             time.sleep(0.2)
         tree = descendants(run.pid)
         sent = time.monotonic()
-        os.kill(run.pid, sig)
+        if sig == signal.SIGINT:
+            os.killpg(run.pid, sig)
+        else:
+            os.kill(run.pid, sig)
         try:
             out, _ = run.communicate(timeout=60)
         except subprocess.TimeoutExpired:
