@@ -110,7 +110,9 @@ def test_ctrl_c_then_sigterm_stop_a_night_whose_next_run_finishes_it(
     attempt finishes the night with every document summarized once."""
     corpus(tmp_path / "c.parquet")
     run_dir = tmp_path / "results" / "runs" / "stopped"
-    url = ["--replica-url", tiny_replica.base_url]
+    # One seat: at most one more document ends between the signal and the exit, so the signal
+    # lands mid-night however fast the host is.
+    url = ["--replica-url", tiny_replica.base_url, "--static-seats", "1"]
     for sig in (signal.SIGINT, signal.SIGTERM):
         before = len(summaries_so_far(run_dir))
         run = start_run(tmp_path, "stopped", *url, session=True)
