@@ -118,11 +118,10 @@ class Model:
         ]
         self.final_norm = torch.ones(s.hidden, device=device, dtype=dtype)
         self.lm_head = w(s.hidden, s.vocab)
-        kv = (s.kv_heads, s.head_dim)
         self.prefill_k = w(1, s.kv_heads, max_prefix, s.head_dim)
         self.prefill_v = w(1, s.kv_heads, max_prefix, s.head_dim)
-        self.decode_k = w(max_batch, *kv[:1], max_context + 1, kv[1])
-        self.decode_v = w(max_batch, *kv[:1], max_context + 1, kv[1])
+        self.decode_k = w(max_batch, s.kv_heads, max_context + 1, s.head_dim)
+        self.decode_v = w(max_batch, s.kv_heads, max_context + 1, s.head_dim)
 
     def step(self, x: torch.Tensor, step: Step) -> torch.Tensor:
         """One engine step over `x`: [decodes + chunk, hidden] hidden states in, next tokens out."""
