@@ -19,6 +19,7 @@ from pipelines.corpus_maker import CorpusSpec, make_corpus, write_corpus
 from scheduler.slo import SLO
 from serving.engine_config import EngineConfig
 from serving.launcher import ReplicaSet, free_port
+from serving.replica_targets import fit_path
 from serving.tokenizer import tokenizer_for
 from warehouse.load import load_results
 
@@ -40,7 +41,7 @@ class RealOptions(BenchOptions):
 
 def bench_config(config: EngineConfig, opts: RealOptions) -> BenchConfig:
     """The benchmark's settings: the options with their defaults filled in, checked."""
-    model_path = opts.latency_model or Path("engine_configs/fits") / f"{config.name}.json"
+    model_path = opts.latency_model or fit_path(opts.engine_config, config)
     if not model_path.is_file():
         raise BenchInputError(
             f"no latency model at {model_path}: fit one with `nightshift calibrate "

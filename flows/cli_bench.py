@@ -45,7 +45,9 @@ def bench(
         None, min=0, help="Chat requests per second (Poisson; default 1.5, 5 in --sim on a GPU)."
     ),
     latency_model: Path = typer.Option(
-        None, help="Fitted latency model (default engine_configs/fits/<config name>.json)."
+        None,
+        help="Fitted latency model (default: the engine config's latency_fit, else "
+        "fits/<config name>.json beside it).",
     ),
     docs: int = typer.Option(
         None,
