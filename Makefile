@@ -11,12 +11,13 @@ ENGINE_LOCK := $(if $(HAS_GPU),requirements/engine-gpu.txt,requirements/engine-c
 .PHONY: demo demo-short test faults bench-check unit lint venv engine-venv models prometheus clean-results
 
 # Tonight's job: a handful of ~80k-token documents, each summarized whole on cpu-long, beside chat.
+# DEMO_ARGS go to the demo (`make demo DEMO_ARGS="--results /tmp/night"`).
 demo: venv engine-venv models
-	$(VENV)/bin/python -m flows.demo
+	$(VENV)/bin/python -m flows.demo $(DEMO_ARGS)
 
 # Sixteen short documents in map-reduce sections on cpu-small.
 demo-short: venv engine-venv models
-	$(VENV)/bin/python -m flows.demo --short
+	$(VENV)/bin/python -m flows.demo --short $(DEMO_ARGS)
 
 test: venv engine-venv models prometheus
 	$(VENV)/bin/python -m pytest -q --durations=30

@@ -5,11 +5,14 @@ SLO controller on a handful of ~80k-token documents, each summarized whole, and 
 platform team would look at in the morning: chat latency against the SLO in each window, each
 document, the replica's preemptions, batch tokens/s, cost, where the DuckDB file and the HTML
 report are. `--short` (`make demo-short`) runs sixteen short documents in map-reduce sections on
-cpu-small instead (flows/demo_variants.py). Everything it starts it stops, on Ctrl-C too.
+cpu-small instead (flows/demo_variants.py). Everything it starts it stops, on Ctrl-C too, and it
+stops when the process that started it dies: `kill -9` of `make demo` would otherwise leave the
+demo running on, its parent gone, until its night ended.
 """
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from collections.abc import Sequence
@@ -18,12 +21,11 @@ from pathlib import Path
 from flows.demo_report import print_morning_report
 from flows.demo_variants import Demo, DemoRefused, host_config, parse_demo
 
-RESULTS = Path("results")
 CHAT_RATE, CHAT_SCALE, BASELINE_S = 1.0, 0.1, 20.0
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    demo = parse_demo(sys.argv[1:] if argv is None else argv)
+    demo, results = parse_demo(sys.argv[1:] if argv is None else argv)
     try:
         config_path, fit_path = config_for_this_host(demo)
     except DemoRefused as exc:
@@ -39,21 +41,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     from scheduler.latency_model import LatencyModel
     from serving.engine_config import load_engine_config
     from serving.launcher import ReplicaSet, free_port
+    from serving.replica_guard import die_with_parent
     from serving.tokenizer import tokenizer_for
 
+    die_with_parent(os.getppid())  # SIGTERM, as from a supervisor, when its starter dies
     tie_temporary_server()  # Prefect's server goes with the demo, however the demo ends
     config = load_engine_config(config_path)
     tokenizer = tokenizer_for(config)
     run_id = time.strftime(f"{demo.name}-%Y%m%d-%H%M%S")
     docs, low, high = demo.docs, demo.min_tokens, demo.max_tokens
     spec = CorpusSpec(docs=docs, min_tokens=low, max_tokens=high, seed=0)
-    corpus = write_corpus(make_corpus(spec, tokenizer), RESULTS / demo.name / "corpus.parquet")
+    corpus = write_corpus(make_corpus(spec, tokenizer), results / demo.name / "corpus.parquet")
     print(f"corpus: {docs} documents of {low}-{high} tokens at {corpus}")
     port = free_port()
     print(f"starting {config.name} on port {port} (about a minute) ...", flush=True)
     shape = ChatShape().scaled(CHAT_SCALE)
     preempted = None
-    with ReplicaSet(RESULTS / "engines").running(config, str(config_path), port) as started:
+    with ReplicaSet(results / "engines").running(config, str(config_path), port) as started:
         replicas = [(r.name, r.base_url) for r in started]
         urls = [url for _, url in replicas]
         # This machine's SLO: 3x what chat alone gets here, measured now (bench/slo_baseline.py).
@@ -77,7 +81,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 engine_config=str(config_path),
                 replica_urls=urls,
                 run_id=run_id,
-                results=str(RESULTS),
+                results=str(results),
                 policy="slo",
                 latency_model=str(fit_path),
                 slo=slo,
@@ -88,8 +92,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             chat_result = chat.stop()
         if before is not None:
             preempted = (before, preemptions(urls))
-    add_chat_and_reload(run_id, chat_result)
-    print_morning_report(RESULTS, run_id, out, slo, demo, preempted)
+    add_chat_and_reload(results, run_id, chat_result)
+    print_morning_report(results, run_id, out, slo, demo, preempted)
     return 0
 
 
@@ -133,13 +137,13 @@ def preemptions(urls: list[str]) -> float:
     )
 
 
-def add_chat_and_reload(run_id: str, chat) -> None:
+def add_chat_and_reload(results: Path, run_id: str, chat) -> None:
     """The chat records join the run's own, then the run is loaded and reported again."""
     from flows.report import write_report
     from warehouse.load import load_results
     from warehouse.run_files import run_dir, write_table
 
-    directory = run_dir(RESULTS, run_id)
+    directory = run_dir(results, run_id)
     write_table(directory, "requests", [r.row() for r in chat.records], run_id=run_id, part="chat")
     write_table(
         directory,
@@ -148,8 +152,8 @@ def add_chat_and_reload(run_id: str, chat) -> None:
         run_id=run_id,
         part="chat",
     )
-    load_results(RESULTS, [run_id])
-    write_report(RESULTS, run_id)
+    load_results(results, [run_id])
+    write_report(results, run_id)
 
 
 if __name__ == "__main__":

@@ -70,8 +70,9 @@ class DemoRefused(ValueError):
     """This host cannot run the variant as it stands; the message says why and what to do."""
 
 
-def parse_demo(argv: Sequence[str]) -> Demo:
-    """The variant the command line asks for: `--short` for SHORT, nothing for LONG."""
+def parse_demo(argv: Sequence[str]) -> tuple[Demo, Path]:
+    """The variant the command line asks for (`--short` for SHORT, nothing for LONG) and the
+    folder its results go to."""
     parser = argparse.ArgumentParser(
         prog="python -m flows.demo",
         description="Tonight's job on a local CPU replica beside chat, start to finish.",
@@ -83,7 +84,15 @@ def parse_demo(argv: Sequence[str]) -> Demo:
         f"map-reduce sections on {SHORT.config}, instead of {LONG.docs} of "
         f"{LONG.min_tokens:,}-{LONG.max_tokens:,} tokens, each summarized whole on {LONG.config}",
     )
-    return SHORT if parser.parse_args(list(argv)).short else LONG
+    parser.add_argument(
+        "--results",
+        type=Path,
+        default=Path("results"),
+        help="folder for the corpus, the replica's state, the run and the DuckDB file "
+        "(default: results)",
+    )
+    args = parser.parse_args(list(argv))
+    return (SHORT if args.short else LONG), args.results
 
 
 def host_config(

@@ -16,8 +16,8 @@ def in_repo(path: Path) -> bool:
 
 
 def test_the_command_line_picks_the_variant() -> None:
-    assert parse_demo([]) is LONG
-    assert parse_demo(["--short"]) is SHORT
+    assert parse_demo([]) == (LONG, Path("results"))
+    assert parse_demo(["--short", "--results", "/tmp/r"]) == (SHORT, Path("/tmp/r"))
     with pytest.raises(SystemExit) as exc:
         parse_demo(["--shrt"])
     assert exc.value.code == 2
