@@ -161,6 +161,9 @@ class GateActor:
         self._loop_task: asyncio.Task | None = None
         self._stopped: str | None = None
         self._abort = False
+        self._granted_docs: set[str] = set()
+        """Every document granted a seat by this Gate: once it has stopped, the only ones whose
+        outcome can still be anything but `stopped`."""
 
     # -- permits ----------------------------------------------------------------------------
 
@@ -257,6 +260,14 @@ class GateActor:
         self._abort = self._abort or abort
         async with self._cond:
             self._cond.notify_all()
+
+    async def settled_docs(self) -> list[str] | None:
+        """Once stopped with no seat held: every document ever granted a seat (none will be
+        now). The rest of the night's documents can only end `stopped`, so a driver that has the
+        outcomes of these has the night's last news. None until then."""
+        if self._stopped is None or any(r.held for r in self.replicas.values()):
+            return None
+        return sorted(self._granted_docs)
 
     async def aborted(self) -> bool:
         """Whether requests in flight should be cancelled (see `stop`)."""
@@ -526,6 +537,7 @@ class GateActor:
         )
         r.granted_kv_tokens += kv_tokens
         self._counts["granted"] += 1
+        self._granted_docs.add(doc_id)
         if self.journal is not None:
             self.journal.granted(
                 permit.permit_id, doc_id, stage, r.name, prompt_tokens, permit.granted_at

@@ -1,7 +1,7 @@
-"""The nightly summarization job on Ray Data: read → tokenize → judge → summarize → write.
+"""The nightly summarization job on Ray Data: read → judge → tokenize and summarize → write.
 
-The driver reads the corpus and owns the run's files; Ray Data tokenizes documents and runs the
-summarizers; the Gate actor decides what may run where. Documents stream back to the driver as they
+The driver reads the corpus, judges it (duplicates need the whole view) and owns the run's files;
+Ray Data runs the summarizers, each tokenizing the documents it takes; the Gate actor decides what may run where. Documents stream back to the driver as they
 finish and are written at once, so progress is visible and a killed run keeps what it did.
 `ray.init()` starts Ray locally; with `RAY_ADDRESS` set (as `ray job submit` sets it) the same code
 joins a running cluster, and the run stops only what it started (`pipelines/ray_session.py`).
@@ -18,6 +18,7 @@ import contextlib
 import logging
 import os
 import re
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -34,6 +35,7 @@ from pipelines.progress import RunProgress
 from pipelines.request_journal import GATE_DIED_IN_FLIGHT, KILLED_IN_FLIGHT
 from pipelines.run_metrics import RunMetrics
 from pipelines.run_store import RunStore
+from pipelines.stop_drain import StopDrain
 from scheduler.budget_controller import BudgetControllerConfig
 from scheduler.slo import SLO
 from serving.engine_config import EngineConfig, load_engine_config
@@ -147,19 +149,20 @@ def run_job(spec: JobSpec) -> JobResult:
         gate = _start_gate(spec, engine, store.new_journal())
         metrics.relay(lambda: ray.get(gate.metrics_text.remote(), timeout=RELAY_TIMEOUT_S))
         totals, problems = {"done": 0, "failed": 0, "stopped": 0, "tokens": 0}, []
-        timers = [_stop_at_deadline(gate, spec.deadline_ts)]
+        stopping = threading.Event()  # set when a timer stops the Gate (`pipelines.stop_drain`)
+        timers = [_stop_at_deadline(gate, spec.deadline_ts, stopping)]
         itl = EngineItlRecorder(spec.replicas, plugin_status=_status_targets(spec))
         gate_lost = False
         try:
             with itl:
                 if todo.num_rows:
-                    tokenized, problems = _tokenize_and_judge(ray, todo, spec)
+                    accepted, problems = _judge(todo, spec)
                     store.write_rejections(problems)
                     metrics.documents_refused(problems)
                     if spec.on_summarize_start is not None:
                         spec.on_summarize_start()
-                    timers.append(_stop_later(gate, spec.stop_after_s))
-                    totals = _summarize(ray, tokenized, spec, engine, store, gate, metrics)
+                    timers.append(_stop_later(gate, spec.stop_after_s, stopping))
+                    totals = _summarize(ray, accepted, spec, engine, store, gate, metrics, stopping)
         except Exception as exc:
             if _gate_alive(ray, gate):
                 raise
@@ -192,35 +195,39 @@ def run_job(spec: JobSpec) -> JobResult:
     )
 
 
-def _stop_at_deadline(gate, deadline_ts: float | None):
+def _stop_at_deadline(gate, deadline_ts: float | None, stopping: threading.Event):
     """A timer that stops all granting at `deadline_ts`, letting requests in flight finish (at
-    once when it has passed already)."""
+    once when it has passed already), and sets `stopping`."""
     if deadline_ts is None:
         return None
-    import threading
-
     at = time.strftime("%Y-%m-%d %H:%M:%S %Z", time.localtime(deadline_ts))
     delay = max(0.0, deadline_ts - time.time())
     if not delay:
         log.warning("the night's deadline %s has passed: nothing will be admitted", at)
-    timer = threading.Timer(delay, lambda: gate.stop.remote(f"deadline {at}", abort=False))
+    timer = threading.Timer(delay, _stop_gate_then_set, (gate, f"deadline {at}", False, stopping))
     timer.daemon = True
     timer.start()
     return timer
 
 
-def _stop_later(gate, after_s: float | None):
-    """A timer that tells the Gate to stop granting seats after `after_s` seconds."""
+def _stop_later(gate, after_s: float | None, stopping: threading.Event):
+    """A timer that tells the Gate to stop granting seats after `after_s` seconds (cancelling
+    requests in flight), and sets `stopping`."""
     if after_s is None:
         return None
-    import threading
-
     timer = threading.Timer(
-        after_s, lambda: gate.stop.remote(f"deadline of {after_s:.0f} s", abort=True)
+        after_s, _stop_gate_then_set, (gate, f"deadline of {after_s:.0f} s", True, stopping)
     )
     timer.daemon = True
     timer.start()
     return timer
+
+
+def _stop_gate_then_set(gate, reason: str, abort: bool, stopping: threading.Event) -> None:
+    """Tell the Gate to stop, then the driver that it was told (the Gate answers its
+    `settled_docs` only once it has stopped, so the order needs no wait)."""
+    gate.stop.remote(reason, abort=abort)
+    stopping.set()
 
 
 def driver_paths(spec: JobSpec) -> JobSpec:
@@ -339,42 +346,21 @@ def _innermost(exc: BaseException) -> BaseException:
     return exc
 
 
-def _tokenize_and_judge(ray, corpus: pa.Table, spec: JobSpec):
-    """Tokenize on Ray, then judge every document on the driver (duplicates need the whole view).
+def _judge(corpus: pa.Table, spec: JobSpec) -> tuple[pa.Table, list[dict]]:
+    """Judge every document on the driver, which has the whole view duplicates need, from its
+    text alone: read problems, empty or not UTF-8 text, a taken id, the same text as an earlier
+    document. Over-long documents are failed by the summarizer that tokenizes them
+    (`DocumentJob.layout`), so nothing waits for the whole corpus to be tokenized.
 
-    Returns the dataset of documents to summarize and the rows of those refused."""
-    from pipelines.workers import Tokenize
-
-    indexed = corpus.append_column("row", pa.array(range(corpus.num_rows), pa.int64()))
-    tokenized = (
-        ray.data.from_arrow(indexed)
-        .map_batches(
-            Tokenize,
-            fn_constructor_kwargs={"engine_config": spec.engine_config},
-            batch_size=16,
-            batch_format="pyarrow",
-            compute=ray.data.ActorPoolStrategy(size=1),
-            num_cpus=0.5,
-        )
-        .materialize()
-    )
-    counted = tokenized.select_columns(["row", "n_tokens"]).to_arrow_refs()
-    counts: dict[int, int] = {}
-    for ref in counted:
-        block = ray.get(ref)
-        counts.update(
-            zip(block.column("row").to_pylist(), block.column("n_tokens").to_pylist(), strict=True)
-        )
-    verdicts = classify(
-        corpus, spec.pipeline.max_doc_tokens, [counts.get(i) for i in range(corpus.num_rows)]
-    )
+    Returns the documents to summarize (`doc_id`, `text`) and the rows of those refused."""
+    verdicts = classify(corpus, None, [None] * corpus.num_rows)
     ids = corpus.column("doc_id").to_pylist()
     problems = [
         {
             "doc_id": ids[i],
             "status": v.status,
             "reason": v.reason,
-            "prompt_tokens": counts.get(i),
+            "prompt_tokens": None,
             "sections": 0,
             "summary_tokens": 0,
             "t_done": time.time(),
@@ -383,19 +369,25 @@ def _tokenize_and_judge(ray, corpus: pa.Table, spec: JobSpec):
         if v is not None
     ]
     keep = pa.array([i for i, v in enumerate(verdicts) if v is None], pa.int64())
-    accepted = tokenized.map_batches(
-        lambda t: t.filter(pc.is_in(t.column("row"), keep)), batch_format="pyarrow", batch_size=None
-    )
-    return accepted, problems
+    return corpus.select(["doc_id", "text"]).take(keep), problems
 
 
 def _summarize(
-    ray, tokenized, spec: JobSpec, engine: EngineConfig, store: RunStore, gate, metrics: RunMetrics
+    ray,
+    accepted: pa.Table,
+    spec: JobSpec,
+    engine: EngineConfig,
+    store: RunStore,
+    gate,
+    metrics: RunMetrics,
+    stopping: threading.Event,
 ) -> dict:
+    """Summarize every document of `accepted`, writing outcomes as they come. Once the Gate has
+    stopped, the night ends as soon as every document it granted has reported; the rest are
+    counted stopped without a summarizer telling each one so (`pipelines.stop_drain`)."""
     from pipelines.workers import Summarize
 
-    docs = tokenized.select_columns(["doc_id", "token_ids"]).materialize()
-    total = docs.count()
+    total = accepted.num_rows
     metrics.remaining.set(total)
     totals = {"done": 0, "failed": 0, "stopped": 0, "tokens": 0}
     if not total:
@@ -404,7 +396,8 @@ def _summarize(
     # One block (one task) per document, so every actor gets work and a long document holds up
     # no other; `docs_per_actor` of those tasks run at once on each actor. Their coroutines share
     # the actor's event loop: most of a document's time is spent waiting for a seat or a stream.
-    outcomes = docs.repartition(max(1, total)).map_batches(
+    docs = ray.data.from_arrow(accepted).repartition(total)
+    outcomes = docs.map_batches(
         Summarize,
         fn_constructor_kwargs={
             "run_id": spec.run_id,
@@ -413,6 +406,7 @@ def _summarize(
             "auth": spec.auth,
         },
         batch_size=1,
+        batch_format="pyarrow",
         num_cpus=0.25,
         compute=ray.data.ActorPoolStrategy(
             size=cfg.actors,
@@ -421,6 +415,7 @@ def _summarize(
             ),
         ),
     )
+    drain = StopDrain()
     with RunProgress(total, enabled=spec.show_progress) as progress:
         for block in finished_blocks(ray, outcomes):
             rows = block.to_pylist()
@@ -432,6 +427,13 @@ def _summarize(
                 metrics.document_done(r["status"], r["batch_tokens"])
                 _observe_requests(metrics, r)
                 progress.update(r["batch_tokens"], caps)
+            drain.reported_outcomes(r["doc_id"] for r in rows)
+            if stopping.is_set() and drain.settled(lambda: ray.get(gate.settled_docs.remote())):
+                left = total - len(drain.reported)
+                totals["stopped"] += left
+                metrics.documents_stopped(left)
+                log.info("the Gate has stopped: %d documents not started are left to do", left)
+                break
     return totals
 
 

@@ -216,6 +216,11 @@ class RunMetrics:
         self.tokens.inc(batch_tokens)
         self.remaining.dec()
 
+    def documents_stopped(self, count: int) -> None:
+        """`count` documents the stopped night never started, counted as their outcomes would be."""
+        self.docs.labels("stopped").inc(count)
+        self.remaining.dec(count)
+
     def documents_refused(self, rows: list[dict]) -> None:
         """Documents judged unusable before any request (their rows carry `status`)."""
         for row in rows:

@@ -1,9 +1,12 @@
-"""The Ray Data stages: tokenize documents, and summarize them through the Gate.
+"""The Ray Data stage: summarize documents through the Gate.
 
-Both are callable classes so that each Ray actor loads the tokenizer (and opens its connection
-pool) once, not once per batch. The summarizer is an async UDF: Ray Data runs several of its calls
-at once per actor (`docs_per_actor`), which is what keeps enough documents waiting at the Gate for
-it to fill every seat it opens.
+A callable class, so that each Ray actor loads the tokenizer (and opens its connection pool) once,
+not once per batch. It is an async UDF: Ray Data runs several of its calls at once per actor
+(`docs_per_actor`), which is what keeps enough documents waiting at the Gate for it to fill every
+seat it opens. Each document is tokenized by the call that summarizes it, in a thread (the
+tokenizer releases the GIL, and the actor's other documents keep streaming meanwhile): the first
+summary of a night, or of a retried attempt, starts as soon as one document is read, not after
+the whole corpus has been tokenized (which took minutes on a night of tens of thousands).
 """
 
 from __future__ import annotations
@@ -13,7 +16,6 @@ import json
 import time
 import uuid
 
-import numpy as np
 import pyarrow as pa
 
 from pipelines.config import PipelineConfig
@@ -38,20 +40,6 @@ OUTCOME_COLUMNS = (
     "gaps",
     "t_done",
 )
-
-
-class Tokenize:
-    """Adds `n_tokens` and `token_ids` (the served model's tokens) to a batch of documents."""
-
-    def __init__(self, engine_config: str, replica_url: str | None = None) -> None:
-        self.tokenizer = tokenizer_for(load_engine_config(engine_config), replica_url)
-
-    def __call__(self, batch: pa.Table) -> pa.Table:
-        texts = [t or "" for t in document_texts(batch)]  # unusable text: 0 tokens, failed later
-        encode_batch = getattr(self.tokenizer, "encode_batch", None)
-        ids = encode_batch(texts) if encode_batch else [self.tokenizer.encode(t) for t in texts]
-        batch = batch.append_column("n_tokens", pa.array([len(i) for i in ids], pa.int64()))
-        return batch.append_column("token_ids", pa.array(ids, pa.list_(pa.int32())))
 
 
 class Summarize:
@@ -88,13 +76,16 @@ class Summarize:
 
         self._watcher = None
 
-    async def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, list]:
+    async def __call__(self, batch: pa.Table) -> dict[str, list]:
         if self._watcher is None:
             self._watcher = asyncio.ensure_future(self._watch_abort())
-        rows = [
-            await self.job.summarize(str(doc_id), [int(t) for t in ids])
-            for doc_id, ids in zip(batch["doc_id"], batch["token_ids"], strict=True)
-        ]
+        rows = []
+        # The driver passes only documents with valid UTF-8 text (`pipelines.corpus.classify`).
+        for doc_id, text in zip(
+            batch.column("doc_id").to_pylist(), document_texts(batch), strict=True
+        ):
+            ids = await asyncio.to_thread(self.job.tokenizer.encode, text or "")
+            rows.append(await self.job.summarize(str(doc_id), ids))
         return {c: [outcome_row(o)[c] for o in rows] for c in OUTCOME_COLUMNS}
 
     async def _watch_abort(self, every_s: float = 0.5) -> None:

@@ -28,6 +28,7 @@ def test_prefect_yaml_parameters_exist_and_the_config_steers_as_shipped() -> Non
 
 
 def test_a_passed_deadline_stops_granting_at_once_and_lets_requests_finish() -> None:
+    import threading
     import time
 
     from pipelines.job import _stop_at_deadline
@@ -41,7 +42,9 @@ def test_a_passed_deadline_stops_granting_at_once_and_lets_requests_finish() -> 
     class Gate:
         stop = Stop()
 
-    timer = _stop_at_deadline(Gate(), time.time() - 60)
+    stopping = threading.Event()
+    timer = _stop_at_deadline(Gate(), time.time() - 60, stopping)
     timer.join(timeout=5)
     assert len(calls) == 1 and calls[0][0].startswith("deadline ") and calls[0][1] is False
-    assert _stop_at_deadline(Gate(), None) is None
+    assert stopping.is_set()  # the driver stops waiting for documents never started
+    assert _stop_at_deadline(Gate(), None, stopping) is None
