@@ -18,12 +18,12 @@ import pyarrow.parquet as pq
 import pytest
 
 from bench.processes import command, descendants, wait_gone
+from tests.faults.conftest import agents_among
 from tests.replicas import TINY
 from warehouse.run_files import read_table
 
 pytestmark = pytest.mark.engine
 
-AGENTS = ("ray::DashboardAgent", "ray::RuntimeEnvAgent")
 DOCS = [f"doc-{i:02d}" for i in range(10)]
 WORDS = "harbour ledger tenant clause river notice market repair rent contract".split()
 
@@ -59,7 +59,7 @@ def summaries_so_far(run_dir: Path) -> list[str]:
 
 
 def test_killed_run_leaves_nothing_and_its_rerun_loses_and_repeats_nothing(
-    tmp_path: Path, tiny_replica
+    tmp_path: Path, tiny_replica, ray_agents
 ) -> None:
     corpus(tmp_path / "c.parquet")
     run_dir = tmp_path / "results" / "runs" / "killed"
@@ -74,9 +74,10 @@ def test_killed_run_leaves_nothing_and_its_rerun_loses_and_repeats_nothing(
     run.wait()
     done_before = set(summaries_so_far(run_dir))  # what the killed attempt finished
     assert 2 <= len(done_before) < len(DOCS), "the kill did not land mid-night"
-    # Ray's node agents notice their raylet is gone only after a minute or more; they are
-    # checked once the rerun is over, everything else (replica, Ray, Prefect) now.
-    agents = {p for p in tree if command(p).startswith(AGENTS)}
+    # Ray's node agents are checked at the session's end, everything else (replica, Ray,
+    # Prefect) now.
+    agents = agents_among(tree)
+    ray_agents.update(dict.fromkeys(agents, "nightshift run killed"))
     left = wait_gone(tree - agents, timeout_s=60)
     assert not left, [command(p) for p in left]
 
@@ -100,12 +101,10 @@ def test_killed_run_leaves_nothing_and_its_rerun_loses_and_repeats_nothing(
     assert rows == distinct == len(DOCS)
     docs = con.execute("select count(*) from documents where run_id = 'killed'").fetchone()[0]
     assert docs == len(DOCS)
-    left = wait_gone(agents, timeout_s=120)
-    assert not left, [command(p) for p in left]
 
 
 def test_ctrl_c_then_sigterm_stop_a_night_whose_next_run_finishes_it(
-    tmp_path: Path, tiny_replica
+    tmp_path: Path, tiny_replica, ray_agents
 ) -> None:
     """Ctrl-C to one attempt (SIGINT to its whole process group, as a terminal sends it), SIGTERM
     to the next (to the run alone, as a supervisor sends it), each once documents are done: each
@@ -140,14 +139,15 @@ def test_ctrl_c_then_sigterm_stop_a_night_whose_next_run_finishes_it(
         assert before < len(summaries_so_far(run_dir)) < len(docs), (
             "the signal did not land mid-night"
         )
-        agents = {p for p in tree if command(p).startswith(AGENTS)}
+        agents = agents_among(tree)
+        ray_agents.update(dict.fromkeys(agents, f"nightshift run, {sig.name}"))
         left = wait_gone(tree - agents, timeout_s=60)
         assert not left, (sig.name, [command(p) for p in left])
         print(
             f"{sig.name}: run exited {exited:.1f} s after it, its processes gone {time.monotonic() - sent:.1f} s after it"
         )
     done = set(summaries_so_far(run_dir))
-    last = start_run(tmp_path, "stopped", *url)
+    last = start_run(tmp_path, "stopped", "--replica-url", tiny_replica.base_url)  # 4 seats
     out, _ = last.communicate(timeout=600)
     assert last.returncode == 0, out[-3000:]
     assert f"{len(done)} already done" in out
