@@ -106,10 +106,12 @@ def bench(
     from bench.real_bench import BenchInputError, RealOptions, run_real_bench
     from bench.sim_bench import SimOptions, run_sim_bench
     from bench.sim_scenarios import SCENARIOS
+    from pipelines.ray_session import stop_on_sigterm
     from serving.launcher import EngineStartError, NoFreePort
     from serving.paths import SetupError
     from simulator.config import explain
 
+    stop_on_sigterm()  # a supervisor's stop ends the bench as Ctrl-C does
     config = load_config_or_exit(engine_config)
     chosen = tuple(s.strip() for s in scenarios.split(",") if s.strip())
     unknown = [s for s in chosen if s not in SCENARIOS]

@@ -89,6 +89,7 @@ def run(
     """Run the nightly summarization now and print the run id."""
     from flows.nightly import default_pipeline, nightly_summarization
     from flows.prefect_server import tie_temporary_server
+    from pipelines.ray_session import stop_on_sigterm
     from scheduler.slo import SLO
     from serving.replica_targets import ReplicaLookupError, configured_fit
 
@@ -110,6 +111,7 @@ def run(
         }
     )
     tie_temporary_server()  # a killed run leaves no Prefect server behind
+    stop_on_sigterm()  # a supervisor's stop ends the run as Ctrl-C does
     out = nightly_summarization(
         corpus=str(corpus),
         engine_config=str(engine_config),

@@ -38,6 +38,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from flows.nightly import default_pipeline, nightly_summarization
     from flows.prefect_server import tie_temporary_server
     from pipelines.corpus_maker import CorpusSpec, make_corpus, write_corpus
+    from pipelines.ray_session import stop_on_sigterm
     from scheduler.latency_model import LatencyModel
     from serving.engine_config import load_engine_config
     from serving.launcher import ReplicaSet, free_port
@@ -45,6 +46,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from serving.tokenizer import tokenizer_for
 
     die_with_parent(os.getppid())  # SIGTERM, as from a supervisor, when its starter dies
+    stop_on_sigterm()  # SIGTERM ends the demo as Ctrl-C does
     tie_temporary_server()  # Prefect's server goes with the demo, however the demo ends
     config = load_engine_config(config_path)
     tokenizer = tokenizer_for(config)
@@ -157,8 +159,13 @@ def add_chat_and_reload(results: Path, run_id: str, chat) -> None:
 
 
 if __name__ == "__main__":
+    from pipelines.errors import Terminated
+
     try:
         sys.exit(main())
+    except Terminated:
+        print("\nstopped by SIGTERM; replicas stopped", file=sys.stderr)
+        sys.exit(143)
     except KeyboardInterrupt:
         print("\ninterrupted; replicas stopped", file=sys.stderr)
         sys.exit(130)

@@ -15,3 +15,8 @@ class GateLost(RuntimeError):
 class LeaseLapsed(RuntimeError):
     """A worker asked for a seat and fell silent past its lease (`pipelines/seat_leases.py`): it
     is taken for dead, and its calls still waiting at the Gate get no seat."""
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM reached the run's driver (a supervisor's stop). A KeyboardInterrupt, so that every
+    path that stops a run cleanly on Ctrl-C does so on SIGTERM too (`pipelines/ray_session.py`)."""

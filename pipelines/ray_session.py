@@ -17,6 +17,15 @@ A run stops only what it started:
   with the process.
 - its caller had initialized Ray already: the caller's to stop.
 
+SIGTERM stops the driver as Ctrl-C does (`Terminated`, a KeyboardInterrupt) once a command has
+called `stop_on_sigterm()` from its main thread. `ray.init` would install Ray's failure-signal
+handler over it, which printed a native stack trace and aborted the process (exit -6) without
+the run's clean-up, so a supervisor's ordinary stop read as a crash. The driver's core worker is
+therefore made without it (`ray_constants.RAY_DISABLE_FAILURE_SIGNAL_HANDLER`, which Ray reads
+from the environment when it is imported and from the module when the core worker is made; the
+environment variable alone would depend on being set before any import of Ray). Ray's workers
+and node processes keep theirs.
+
 Ray Client addresses (`ray://...`) are refused: a client's driver runs off the cluster, while the
 Gate runs on the driver's node and writes the run's request journal into the run folder there.
 """
@@ -25,8 +34,12 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
+import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
+
+from pipelines.errors import Terminated
 
 ADDRESS_ENV = "RAY_ADDRESS"
 TASK_EVENTS_KEPT = 1_000
@@ -103,6 +116,21 @@ def open_ray(environ: Mapping[str, str] | None = None) -> RaySession:
 
     if ray.is_initialized():
         return RaySession(address=None, connected_here=False)
+    from ray._private import ray_constants
+
     address = ray_address(environ)
+    ray_constants.RAY_DISABLE_FAILURE_SIGNAL_HANDLER = True  # this driver's only (docstring)
     ray.init(**init_kwargs(address))
     return RaySession(address=address, connected_here=True)
+
+
+def stop_on_sigterm() -> None:
+    """Make SIGTERM raise `Terminated` in this process, as Ctrl-C raises KeyboardInterrupt, so a
+    supervisor's stop runs the same clean-up. Call it from the main thread of a command (Python
+    sets signal handlers there only; the flow may open Ray in another); elsewhere a no-op."""
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, _terminated)
+
+
+def _terminated(signum, frame) -> None:
+    raise Terminated("SIGTERM")

@@ -3,10 +3,11 @@
 command alone), drawn at random with the point: one of the command's stages (just started, the
 replica starting, chat alone, the night under way), then a random few seconds into it.
 
-Whatever the draw, the command exits within a minute, nothing it started is left (replica, Ray,
-Prefect's server, and for `make demo` the demo under make), its replica's port is free, and every
-file its runs wrote reads back: each table of each run folder, no document summarized twice, the
-DuckDB file opens. That a stopped night's next run finishes it without loss or repeats is
+Whatever the draw, the command exits within a minute without aborting (no process of it ends on
+SIGABRT with Ray's native stack trace), nothing it started is left (replica, Ray, Prefect's server,
+and for `make demo` the demo under make), its replica's port is free, and every file its runs
+wrote reads back: each table of each run folder, no document summarized twice, the DuckDB file
+opens. That a stopped night's next run finishes it without loss or repeats is
 `test_run_killed.py`'s case (the same flow). Each test draws one signal and one moment; the seed
 is printed and `NIGHTSHIFT_STOP_SEED` replays it (`NIGHTSHIFT_STOP_SIGNAL=INT|TERM|KILL` forces
 the signal, for a table of every kind).
@@ -95,6 +96,9 @@ def stop_at_random(
         proc.kill()
         pytest.fail(f"{replay}: still running 60 s after the signal\n{tail(log)}")
     exited = time.monotonic() - sent
+    said = log.read_text(errors="replace")
+    aborted = proc.returncode == -signal.SIGABRT or "SIGTERM received" in said  # Ray's trace
+    assert not aborted, f"{replay}: aborted\n{tail(log)}"
     lingering = agents_among(seen)  # checked at the session's end (`ray_agents`)
     agents.update(dict.fromkeys(lingering, replay))
     left = wait_gone(seen - lingering, timeout_s=60)
@@ -102,7 +106,7 @@ def stop_at_random(
     for port in replica_ports(results):
         assert not port_in_use("127.0.0.1", port), f"{replay}: port {port} still held"
     check_files(results, replay)
-    said = [line for line in log.read_text(errors="replace").splitlines() if line.strip()]
+    said = [line for line in said.splitlines() if line.strip()]
     line = (
         f"{replay}, {sent - started:.1f} s after the start: exit {proc.returncode} {exited:.1f} s "
         f"after it; last said: {said[-1:]}"
