@@ -136,7 +136,7 @@ def bench(
     except (BenchInputError, NoFreePort, EngineStartError, SetupError) as exc:
         raise fail(str(exc)) from None
     except (ValueError, OSError) as exc:  # profile, spec, planner, latency model, SLO errors
-        raise fail(str(exc)) from None
+        raise fail(str(exc) or f"{type(exc).__name__} (no message)") from None
     _report(out, out_dir, json_out)
     if sim:
         typer.echo(f"simulated {len(out['run_ids'])} runs of {duration:g} s in {wall:.1f} s wall")
