@@ -416,8 +416,11 @@ def _summarize(
         ),
     )
     drain = StopDrain()
-    with RunProgress(total, enabled=spec.show_progress) as progress:
-        for block in finished_blocks(ray, outcomes):
+    # Closed on the way out, so that a night ended early (`drain`) shuts Ray Data's executor down
+    # now, not whenever its iterator is collected: a benchmark runs its next night in this Ray.
+    blocks = contextlib.closing(finished_blocks(ray, outcomes))
+    with RunProgress(total, enabled=spec.show_progress) as progress, blocks as finished:
+        for block in finished:
             rows = block.to_pylist()
             store.write_outcomes(rows)
             caps = ray.get(gate.caps.remote())
