@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import os
+import signal
 from pathlib import Path
 
 import pytest
@@ -33,3 +35,12 @@ def pytest_collection_modifyitems(config, items) -> None:
     for item in items:
         if Path(str(item.fspath)).resolve().is_relative_to(HERE):
             item.add_marker(pytest.mark.faults)
+
+
+def send_stop(pid: int, sig: signal.Signals) -> None:
+    """Stop a command as it is stopped in life: SIGINT to its whole process group (a terminal's
+    Ctrl-C; the command leads its group), any other signal to the command alone."""
+    if sig == signal.SIGINT:
+        os.killpg(pid, sig)
+    else:
+        os.kill(pid, sig)

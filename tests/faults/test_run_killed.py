@@ -18,7 +18,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from bench.processes import command, descendants, wait_gone
-from tests.faults.conftest import agents_among
+from tests.faults.conftest import agents_among, send_stop
 from tests.replicas import TINY
 from warehouse.run_files import read_table
 
@@ -125,10 +125,7 @@ def test_ctrl_c_then_sigterm_stop_a_night_whose_next_run_finishes_it(
             time.sleep(0.2)
         tree = descendants(run.pid)
         sent = time.monotonic()
-        if sig == signal.SIGINT:
-            os.killpg(run.pid, sig)
-        else:
-            os.kill(run.pid, sig)
+        send_stop(run.pid, sig)
         try:
             out, _ = run.communicate(timeout=60)
         except subprocess.TimeoutExpired:

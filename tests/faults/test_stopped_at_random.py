@@ -31,7 +31,7 @@ import pytest
 from bench.processes import command, descendants, group_members, wait_gone
 from scheduler.run_schemas import RUN_TABLES
 from serving.launcher import port_in_use
-from tests.faults.conftest import agents_among
+from tests.faults.conftest import agents_among, send_stop
 from tests.replicas import TINY
 from warehouse.run_files import list_runs, read_table, run_dir
 
@@ -86,10 +86,7 @@ def stop_at_random(
         time.sleep(0.05)
     seen |= descendants(proc.pid) | replica_groups(results)
     sent = time.monotonic()
-    if sig == signal.SIGINT:
-        os.killpg(proc.pid, sig)
-    else:
-        os.kill(proc.pid, sig)
+    send_stop(proc.pid, sig)
     try:
         proc.wait(timeout=60)
     except subprocess.TimeoutExpired:
