@@ -5,7 +5,9 @@ closed-loop workers, each sending one long prompt of exactly `doc_tokens` token 
 priority and asking for `output_tokens` tokens, then the next, until the time is up. Plain, because
 the question here is whether the simulator's *replica* behaves like the real one; the pipeline's
 map-reduce has tests of its own. Everything the simulator needs to replay the same work is kept:
-each chat request's arrival, prompt and output length, and the engine's ITL histograms.
+each chat request's arrival, prompt and output length, and the engine's ITL histograms. With the
+engine plug-in steering (a control document at a fixed batch step target), the plug-in's chat-only
+token gaps over the measured run are kept too: that is how chat is judged once batch is steered.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import random
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 from bench.chat_load import ChatLoadSpec, model_text
@@ -20,6 +23,9 @@ from bench.chat_thread import ChatLoadThread
 from scheduler.records import RequestRecord
 from serving.client import BATCH_PRIORITY, StreamingClient
 from serving.engine_itl import EngineItlRecorder, HistogramSeries
+from serving.engine_site.engine_status import WRITE_EVERY_S
+from serving.metrics import Histogram, histogram_delta
+from serving.plugin_sensor import status_histogram
 
 
 @dataclass(frozen=True)
@@ -49,10 +55,19 @@ class RealRun:
     chat: list[RequestRecord]
     batch: list[RequestRecord]
     engine_itl: HistogramSeries = field(default_factory=HistogramSeries)
+    chat_itl: Histogram | None = None
+    """Chat's own token gaps over the run, from the plug-in's status (None: no status read)."""
 
 
-def run_real(workload: MixedWorkload, replica: tuple[str, str], model: str, tokenizer) -> RealRun:
-    """Run `workload` against one replica and return its records.
+def run_real(
+    workload: MixedWorkload,
+    replica: tuple[str, str],
+    model: str,
+    tokenizer,
+    plugin_status: Callable[[], dict | None] | None = None,
+) -> RealRun:
+    """Run `workload` against one replica and return its records; `plugin_status` reads the
+    replica's plug-in status document, whose chat-only gaps are then kept for the measured run.
 
     A fresh CPU engine is slow for its first tens of seconds of mixed load (every new step shape
     builds its kernels once: measured here, a 6k-token prompt took 10 s in the first 20 s of a run
@@ -69,12 +84,22 @@ def run_real(workload: MixedWorkload, replica: tuple[str, str], model: str, toke
         )
         run_real(warm, replica, model, tokenizer)
     chat_spec = replace(workload.chat, duration_s=workload.duration_s)
+    before = _chat_gaps(plugin_status)
     with EngineItlRecorder([replica]) as engine:
         t0 = time.time()
         chat = ChatLoadThread([replica], model, tokenizer, chat_spec, "fidelity-real").start()
         batch = asyncio.run(_batch_load(workload, replica, model, tokenizer, t0))
         chat_records = chat.join().records
-    return RealRun(t0, t0 + workload.duration_s, chat_records, batch, engine.series)
+    if plugin_status is not None:
+        time.sleep(WRITE_EVERY_S + 0.2)  # the next status write covers the run's last steps
+    after = _chat_gaps(plugin_status)
+    chat_itl = None if after is None else histogram_delta(after, before)
+    return RealRun(t0, t0 + workload.duration_s, chat_records, batch, engine.series, chat_itl)
+
+
+def _chat_gaps(plugin_status: Callable[[], dict | None] | None) -> Histogram | None:
+    doc = plugin_status() if plugin_status else None
+    return None if doc is None else status_histogram(doc, "chat_itl_seconds")
 
 
 async def _batch_load(
