@@ -124,7 +124,7 @@ def run_scenarios(cfg: BenchConfig, replicas: list[tuple[str, str]], model: str,
                     slo,
                     "static",
                     (s, c),
-                    pipeline=replace(cfg.pipeline, mode="map_reduce", section_tokens=c),
+                    pipeline=in_sections(cfg.pipeline, c),
                 )  # fmt: skip
                 for s, c in cfg.static_sweep
             }
@@ -153,6 +153,14 @@ def run_scenarios(cfg: BenchConfig, replicas: list[tuple[str, str]], model: str,
     }
     out["summary"] = summarize(scored, cfg, runs.get("controlled") or baseline, slo)
     return out
+
+
+def in_sections(pipeline: PipelineConfig, section_tokens: int) -> PipelineConfig:
+    """`pipeline` sending every document in map-reduce sections of `section_tokens`: what an
+    operator without the engine plug-in does to bound a batch prompt (the static-engine sweep)."""
+    return PipelineConfig.model_validate(
+        {**pipeline.model_dump(), "mode": "map_reduce", "section_tokens": section_tokens}
+    )
 
 
 def derive_slo(

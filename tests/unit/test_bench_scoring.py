@@ -1,3 +1,6 @@
+import pytest
+
+from bench.scenarios import in_sections
 from bench.scoring import (
     batch_throughput,
     bound_tokens_per_s,
@@ -6,6 +9,7 @@ from bench.scoring import (
     window_verdicts,
 )
 from bench.verdicts import itl_floor_ms, pick_static, slo_from_chat_only
+from pipelines.config import PipelineConfig
 from scheduler.latency_model import LatencyModel
 from scheduler.records import RequestRecord
 from scheduler.slo import SLO
@@ -91,3 +95,14 @@ def test_a_derived_itl_slo_is_no_tighter_than_its_floor() -> None:
     # a slower chat-only run sets it above the floor
     chat["itl_ms"]["p99"] = 8.0
     assert slo_from_chat_only(chat, 3.0, 15.0, itl_floor_ms=18.2).chat_itl_p99_ms == 24.0
+
+
+def test_the_static_engine_sweep_sends_documents_in_sections_of_its_caps() -> None:
+    job = PipelineConfig(max_model_len=8192, ignore_eos=True, final_summary_tokens=48)
+    swept = in_sections(job, 1024)
+    assert (swept.mode, swept.section_tokens) == ("map_reduce", 1024)
+    assert swept.model_dump(exclude={"mode", "section_tokens"}) == job.model_dump(
+        exclude={"mode", "section_tokens"}
+    )
+    with pytest.raises(ValueError, match="section_tokens"):
+        in_sections(job, 8)
