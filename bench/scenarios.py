@@ -13,9 +13,11 @@ noisy for numbers taken at different times to be compared:
 - `controlled`: the Gate's SLO controller steering the plug-in (policy `slo`).
 
 Each scenario is a run of its own under `results/runs/`, with chat and batch records side by side,
-so the warehouse and the report can compare them. Chat ITL is judged from the engine's own
-histogram, scraped every second through the scenario (serving/engine_itl.py says why); the client's
-streamed gaps are reported beside it.
+so the warehouse and the report can compare them. Chat ITL is judged from the engine's side,
+scraped every second through the scenario (serving/engine_itl.py says why): the plug-in's chat-only
+gaps where the replica runs it, in every scenario (with no control document it only observes),
+else vLLM's histogram, which counts batch sequences' gaps too. The client's streamed gaps are
+reported beside it.
 """
 
 from __future__ import annotations
@@ -224,7 +226,7 @@ def summarize(scored: dict, cfg: BenchConfig, controlled: ScenarioRun, slo: SLO)
 
 def _chat_only(cfg: BenchConfig, replicas, model, tokenizer) -> ScenarioRun:
     run_id = f"{cfg.bench_id}-chat-only"
-    with EngineItlRecorder(replicas) as engine:
+    with _itl_recorder(cfg, replicas) as engine:
         t0 = time.time()
         chat = ChatLoadThread(replicas, model, tokenizer, _chat_spec(cfg), run_id).start().join()
     _write_chat_only(cfg, run_id, chat, engine.series)
@@ -255,7 +257,7 @@ def _with_batch(
         started.append(time.time())
         chat.start()
 
-    with EngineItlRecorder(replicas) as engine:
+    with _itl_recorder(cfg, replicas) as engine:
         job = run_job(
             JobSpec(
                 corpus=cfg.corpus,
@@ -263,6 +265,7 @@ def _with_batch(
                 replicas=replicas,
                 run_id=run_id,
                 results=cfg.results,
+                engine_state_dir=str(Path(cfg.results) / "engines"),
                 pipeline=pipeline or cfg.pipeline,
                 slo=slo,
                 policy=policy,
@@ -295,6 +298,16 @@ def _with_batch(
         batch_rows,
         job.docs_done,
         engine_itl=engine.series,
+    )
+
+
+def _itl_recorder(cfg: BenchConfig, replicas: list[tuple[str, str]]) -> EngineItlRecorder:
+    """Chat's gaps as the engine saw them: the plug-in's status where it runs (read from the
+    replica's control folder when the bench started it, else its status route)."""
+    from serving.replica_targets import control_targets
+
+    return EngineItlRecorder(
+        replicas, plugin_status=control_targets(replicas, Path(cfg.results) / "engines")
     )
 
 
