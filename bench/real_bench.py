@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from bench.bench_options import DOCS, RATE, WINDOW_S, BenchOptions
+from bench.bench_options import RATE, WINDOW_S, BenchOptions, default_docs
 from bench.chat_load import ChatLoadSpec
 from bench.chat_sessions import ChatShape
 from bench.scenarios import BenchConfig, bench_paths, run_scenarios
@@ -88,7 +88,7 @@ def run_real_bench(config: EngineConfig, opts: RealOptions) -> tuple[dict, Path]
     cfg = bench_config(config, opts)
     tokenizer = tokenizer_for(config)
     out_dir = bench_paths(opts.results, cfg.bench_id)
-    docs = DOCS if opts.docs is None else opts.docs
+    docs = default_docs(opts.duration) if opts.docs is None else opts.docs
     spec = CorpusSpec(docs=docs, min_tokens=opts.min_tokens, max_tokens=opts.max_tokens,
                       seed=opts.seed)  # fmt: skip
     cfg.corpus = str(write_corpus(make_corpus(spec, tokenizer), out_dir / "corpus.parquet"))

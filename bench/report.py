@@ -25,15 +25,28 @@ COLUMNS = (
 
 
 ITL_NOTE = (
-    "Chat ITL is judged from the engine's own ITL histogram (every decoding sequence, "
-    "stamped in the engine core); the client's streamed gaps, which also carry the host's "
-    "scheduling noise, are shown as client ITL."
+    "Chat ITL is judged on the engine's side: the engine plug-in's chat-only gaps where the "
+    "replica runs it, else vLLM's ITL histogram (every decoding sequence, stamped in the engine "
+    "core); the client's streamed gaps, which also carry the host's scheduling noise, are shown "
+    "as client ITL."
 )
 SIM_ITL_NOTE = "Simulated replicas: chat ITL is the gaps between the simulated engine's steps."
 
 
 def itl_note(out: dict) -> str:
     return SIM_ITL_NOTE if out.get("mode") == "sim" else ITL_NOTE
+
+
+def corpus_warning(out: dict) -> str | None:
+    """What to say when some scenario ran out of documents, or None."""
+    bound = out.get("summary", {}).get("corpus_bound") or []
+    if not bound:
+        return None
+    return (
+        f"{', '.join(bound)} finished every document of the corpus before the scenario ended: "
+        "its batch tok/s measures the corpus, not the policy, and ratios with it are no verdict. "
+        "Run again with more --docs."
+    )
 
 
 def _get(d: dict, path: tuple[str, ...]):
@@ -75,6 +88,8 @@ def markdown(out: dict, command: str) -> str:
         "|" + "---|" * len(head),
     ]
     lines += ["| " + " | ".join(r) + " |" for r in table_rows(out)]
+    if warning := corpus_warning(out):
+        lines += ["", f"**{warning}**"]
     lines += ["", "Summary:", "", "```", json.dumps(out["summary"], indent=2), "```", ""]
     return "\n".join(lines)
 

@@ -221,7 +221,17 @@ def summarize(scored: dict, cfg: BenchConfig, controlled: ScenarioRun, slo: SLO)
         seqs,
     )
     model = LatencyModel.from_json(cfg.latency_model)
-    return summary(scored, slo, bound_tokens_per_s(model, slo, seqs, ctx, cap), seqs, ctx)
+    bound = bound_tokens_per_s(model, slo, seqs, ctx, cap)
+    return summary(scored, slo, bound, seqs, ctx, corpus_docs=_corpus_docs(cfg.corpus))
+
+
+def _corpus_docs(corpus: str) -> int | None:
+    import pyarrow.parquet as pq
+
+    try:
+        return pq.ParquetFile(corpus).metadata.num_rows
+    except (OSError, ValueError):
+        return None
 
 
 def _chat_only(cfg: BenchConfig, replicas, model, tokenizer) -> ScenarioRun:

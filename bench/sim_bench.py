@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from bench.bench_options import DOCS, RATE, WINDOW_S, BenchOptions
+from bench.bench_options import RATE, WINDOW_S, BenchOptions, default_docs
 from bench.sim_scenarios import run_sim_scenarios
 
 if TYPE_CHECKING:
@@ -60,7 +60,9 @@ def build(config: EngineConfig, opts: SimOptions) -> SimBench:
     gpu = config.hardware.kind == "gpu"
     window = opts.window_s or (GPU.window_s if gpu else WINDOW_S)
     rate = opts.rate if opts.rate is not None else (GPU.rate if gpu else RATE)
-    docs = opts.docs if opts.docs is not None else (GPU.docs if gpu else DOCS)
+    docs = (
+        opts.docs if opts.docs is not None else (GPU.docs if gpu else default_docs(opts.duration))
+    )
     doc_tokens = opts.doc_tokens or (
         GPU.doc_tokens if gpu else (opts.min_tokens + opts.max_tokens) // 2
     )

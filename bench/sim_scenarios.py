@@ -237,7 +237,7 @@ def summarize(scored: dict, bench: SimBench, controlled: SimScenario, slo: SLO) 
         seqs,
     )
     bound = bound_tokens_per_s(bench.model, slo, seqs, ctx, max_chunk=cap)
-    return summary(scored, slo, bound, seqs, ctx)
+    return summary(scored, slo, bound, seqs, ctx, corpus_docs=bench.base.batch.docs)
 
 
 def _run(

@@ -100,8 +100,24 @@ def step_chunk_cap(
     return max(1, cap)
 
 
-def summary(scored: dict, slo: SLO, bound: float, decode_seqs: float, context: float) -> dict:
-    """OUT.json's summary: the ratios the benchmark's targets are stated in, and the bound."""
+def corpus_bound(scored: dict, corpus_docs: int | None) -> list[str]:
+    """Scenarios that finished every document of the corpus before their end: their batch
+    tokens/s measures the corpus, not the policy, and a ratio with them in it is no verdict."""
+    if not corpus_docs:
+        return []
+    return [n for n, s in scored.items() if s["batch"].get("docs_done", 0) >= corpus_docs]
+
+
+def summary(
+    scored: dict,
+    slo: SLO,
+    bound: float,
+    decode_seqs: float,
+    context: float,
+    corpus_docs: int | None = None,
+) -> dict:
+    """OUT.json's summary: the ratios the benchmark's targets are stated in, the bound, and the
+    scenarios whose batch figures the corpus bounded (`corpus_bound`)."""
 
     def batch(name: str, key: str = "tokens_per_s") -> float | None:
         return scored[name]["batch"][key] if name in scored else None
@@ -131,4 +147,5 @@ def summary(scored: dict, slo: SLO, bound: float, decode_seqs: float, context: f
         "controlled_fraction_of_bound": ratio(batch("controlled", "slo_batch_tokens_per_s"), bound),
         "chat_decode_seqs": decode_seqs,
         "chat_decode_context": context,
+        "corpus_bound": corpus_bound(scored, corpus_docs),
     }

@@ -53,7 +53,7 @@ def bench(
         None,
         min=0,
         help="Documents in the benchmark corpus, more than any scenario finishes "
-        "(default 200, 300 in --sim on a GPU).",
+        "(default 2.5 per second of --duration, at least 200; 300 in --sim on a GPU).",
     ),
     min_tokens: int = typer.Option(2000, help="Shortest document."),
     max_tokens: int = typer.Option(12000, help="Longest document."),

@@ -106,3 +106,25 @@ def test_the_static_engine_sweep_sends_documents_in_sections_of_its_caps() -> No
     )
     with pytest.raises(ValueError, match="section_tokens"):
         in_sections(job, 8)
+
+
+def test_a_scenario_that_ran_out_of_documents_is_named_and_reported() -> None:
+    from bench.report import corpus_warning
+    from bench.verdicts import corpus_bound
+
+    scored = {
+        "chat-only": {"batch": {"docs_done": 0}},
+        "uncontrolled": {"batch": {"docs_done": 200}},
+        "controlled": {"batch": {"docs_done": 150}},
+    }
+    assert corpus_bound(scored, 200) == ["uncontrolled"]
+    assert corpus_bound(scored, 300) == [] and corpus_bound(scored, None) == []
+    warning = corpus_warning({"summary": {"corpus_bound": ["uncontrolled"]}})
+    assert warning is not None and "uncontrolled" in warning and "--docs" in warning
+    assert corpus_warning({"summary": {"corpus_bound": []}}) is None
+
+
+def test_the_default_corpus_grows_with_the_scenario() -> None:
+    from bench.bench_options import default_docs
+
+    assert default_docs(90) == 225 and default_docs(180) == 450 and default_docs(10) == 200
