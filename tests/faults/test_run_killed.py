@@ -132,7 +132,10 @@ def test_ctrl_c_then_sigterm_stop_a_night_whose_next_run_finishes_it(
             run.kill()
             pytest.fail(f"{sig.name}: `nightshift run` still running 60 s after it")
         exited = time.monotonic() - sent
-        assert run.returncode != 0, f"{sig.name}: a stopped night must not exit 0"
+        assert run.returncode != 0, (
+            f"{sig.name}: a stopped night must not exit 0 ({len(summaries_so_far(run_dir))} of "
+            f"{len(docs)} documents done; the run's last output: {out[-2000:]})"
+        )
         assert before < len(summaries_so_far(run_dir)) < len(docs), (
             "the signal did not land mid-night"
         )
