@@ -75,14 +75,7 @@ def test_replay_runs_the_real_chat_arrivals_in_the_simulator() -> None:
     run = RealRun(t0=100.0, t1=120.0, chat=chat, batch=[])
     rows = replay_trace(run)
     assert [r.t_s for r in rows] == [float(i) for i in range(10)]
-    workload = MixedWorkload(
-        chat=ChatLoadSpec(shape=ChatShape().scaled(0.1)),
-        duration_s=20,
-        seats=1,
-        doc_tokens=2000,
-        output_tokens=16,
-    )
-    result = simulate_replay(workload, run, SMALL, FIT)
+    result = simulate_replay(_workload(seats=1, doc_tokens=2000), run, SMALL, FIT)
     chat_done = [r for r in result.sim.recorder.records if r.cls == "chat" and r.status == "ok"]
     assert len(chat_done) == 10
     assert sorted(r.prompt_tokens for r in chat_done) == [300 + 10 * i for i in range(10)]
@@ -90,17 +83,16 @@ def test_replay_runs_the_real_chat_arrivals_in_the_simulator() -> None:
     assert figures["batch_tokens_per_s"] > 0 and figures["chat_ttft_p99_ms"] > 0
 
 
+def _workload(seats: int, doc_tokens: int) -> MixedWorkload:
+    """20 s of the bench's chat shape beside `seats` batch prompts of `doc_tokens` tokens."""
+    chat = ChatLoadSpec(shape=ChatShape().scaled(0.1))
+    return MixedWorkload(chat, duration_s=20, seats=seats, doc_tokens=doc_tokens, output_tokens=16)
+
+
 def _replay(target_ms: float | None):
     chat = [record("chat", 100.0 + 0.5 * i, 300, 24, t_end=101.0 + i) for i in range(30)]
     run = RealRun(t0=100.0, t1=120.0, chat=chat, batch=[])
-    workload = MixedWorkload(
-        chat=ChatLoadSpec(shape=ChatShape().scaled(0.1)),
-        duration_s=20,
-        seats=2,
-        doc_tokens=1500,
-        output_tokens=16,
-    )
-    return simulate_replay(workload, run, SMALL, FIT, target_ms)
+    return simulate_replay(_workload(seats=2, doc_tokens=1500), run, SMALL, FIT, target_ms)
 
 
 def test_replay_at_a_batch_step_target_holds_chat_gaps_that_stock_lets_grow() -> None:
