@@ -56,7 +56,16 @@ for _name in COMMAND_MODULES:
 
 
 def main() -> None:
-    app()
+    """The console script. Typer ends a command that Ctrl-C or SIGTERM stopped (both reach it as
+    KeyboardInterrupt) with 130; a stop by SIGTERM ends with 143, as a supervisor expects."""
+    from pipelines.ray_session import stopped_by_sigterm
+
+    try:
+        app()
+    except SystemExit as done:
+        if done.code == 130 and stopped_by_sigterm():
+            raise SystemExit(143) from None
+        raise
 
 
 if __name__ == "__main__":

@@ -17,14 +17,30 @@ A run stops only what it started:
   with the process.
 - its caller had initialized Ray already: the caller's to stop.
 
+Without `RAY_ADDRESS` the driver asks Ray for a new local instance (`address="local"`). Ray's own
+default would join whatever `ray start` last ran on this host (its address file under /tmp/ray),
+and then refuse the node settings a local start passes; a run started here therefore never
+depends on what else ran on the host. Joining a cluster is what `RAY_ADDRESS` (or `auto`) is for.
+
+A Ray started here lives as long as the process, whichever thread opened it. Ray binds the
+node's processes (GCS, raylet) to the thread that spawned them (`PR_SET_PDEATHSIG`, which Linux
+fires when that thread ends, not the process), so a run opened from a thread that ends, a
+Prefect task's worker thread or a caller's own, would have its Ray killed under it, and the
+driver would wait 60 s for a GCS that is gone before Ray ends the process. Off the main thread,
+the local start is therefore made from a thread kept for the life of the process.
+
 SIGTERM stops the driver as Ctrl-C does (`Terminated`, a KeyboardInterrupt) once a command has
-called `stop_on_sigterm()` from its main thread. `ray.init` would install Ray's failure-signal
-handler over it, which printed a native stack trace and aborted the process (exit -6) without
-the run's clean-up, so a supervisor's ordinary stop read as a crash. The driver's core worker is
-therefore made without it (`ray_constants.RAY_DISABLE_FAILURE_SIGNAL_HANDLER`, which Ray reads
-from the environment when it is imported and from the module when the core worker is made; the
-environment variable alone would depend on being set before any import of Ray). Ray's workers
-and node processes keep theirs.
+called `stop_on_sigterm()` from its main thread. Two of Ray's handlers would take that over:
+
+- `ray.init` on the main thread installs its own SIGTERM handler (`sys.exit(15)`): no
+  KeyboardInterrupt, so a stop would skip the paths that end a run cleanly on Ctrl-C. The
+  handler in force before `ray.init` is put back after it.
+- Ray's failure-signal handler printed a native stack trace and aborted the process (exit -6)
+  without the run's clean-up, so a supervisor's ordinary stop read as a crash. The driver's core
+  worker is therefore made without it (`ray_constants.RAY_DISABLE_FAILURE_SIGNAL_HANDLER`, which
+  Ray reads from the environment when it is imported and from the module when the core worker is
+  made; the environment variable alone would depend on being set before any import of Ray).
+  Ray's workers and node processes keep theirs.
 
 Ray Client addresses (`ray://...`) are refused: a client's driver runs off the cluster, while the
 Gate runs on the driver's node and writes the run's request journal into the run folder there.
@@ -32,6 +48,7 @@ Gate runs on the driver's node and writes the run's request journal into the run
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
@@ -82,7 +99,11 @@ def joins_cluster(address: str | None) -> bool:
 def init_kwargs(address: str | None) -> dict:
     """`ray.init`'s arguments for the run's driver: driver settings only when joining a cluster
     (Ray refuses node settings from a joining driver)."""
-    kwargs: dict = {"address": address, "log_to_driver": False, "logging_level": logging.WARNING}
+    kwargs: dict = {
+        "address": address if joins_cluster(address) else "local",
+        "log_to_driver": False,
+        "logging_level": logging.WARNING,
+    }
     if not joins_cluster(address):  # node settings: only where this driver starts Ray
         kwargs["include_dashboard"] = False
         kwargs["_system_config"] = {"task_events_max_num_task_in_gcs": TASK_EVENTS_KEPT}
@@ -120,17 +141,73 @@ def open_ray(environ: Mapping[str, str] | None = None) -> RaySession:
 
     address = ray_address(environ)
     ray_constants.RAY_DISABLE_FAILURE_SIGNAL_HANDLER = True  # this driver's only (docstring)
-    ray.init(**init_kwargs(address))
+    kwargs = init_kwargs(address)
+    if joins_cluster(address) or _on_main_thread():
+        with _sigterm_kept():
+            ray.init(**kwargs)
+    else:
+        _init_on_lasting_thread(kwargs)
     return RaySession(address=address, connected_here=True)
+
+
+def _on_main_thread() -> bool:
+    return threading.current_thread() is threading.main_thread()
+
+
+@contextlib.contextmanager
+def _sigterm_kept():
+    """Put back the SIGTERM handler `ray.init` replaces on the main thread (docstring)."""
+    if not _on_main_thread():
+        yield
+        return
+    before = signal.getsignal(signal.SIGTERM)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, before)
+
+
+def _init_on_lasting_thread(kwargs: dict) -> None:
+    """`ray.init(**kwargs)` from a daemon thread that then waits for the process to end, so the
+    node processes it spawns outlive the caller's thread (docstring); its error is the caller's."""
+    import ray
+
+    outcome: list[BaseException | None] = []
+    started = threading.Event()
+
+    def owner() -> None:
+        try:
+            ray.init(**kwargs)
+            outcome.append(None)
+        except BaseException as exc:  # handed to the caller, who raises it
+            outcome.append(exc)
+        started.set()
+        if outcome[0] is None:
+            threading.Event().wait()  # never set: the thread ends with the process
+
+    threading.Thread(target=owner, name="ray-local-node", daemon=True).start()
+    started.wait()
+    if outcome[0] is not None:
+        raise outcome[0]
 
 
 def stop_on_sigterm() -> None:
     """Make SIGTERM raise `Terminated` in this process, as Ctrl-C raises KeyboardInterrupt, so a
     supervisor's stop runs the same clean-up. Call it from the main thread of a command (Python
     sets signal handlers there only; the flow may open Ray in another); elsewhere a no-op."""
-    if threading.current_thread() is threading.main_thread():
+    if _on_main_thread():
         signal.signal(signal.SIGTERM, _terminated)
 
 
+_SIGTERM_RECEIVED = threading.Event()
+
+
+def stopped_by_sigterm() -> bool:
+    """Whether SIGTERM reached this process through `stop_on_sigterm`'s handler: a command's
+    exit code tells a supervisor's stop (143) from Ctrl-C (130) by it."""
+    return _SIGTERM_RECEIVED.is_set()
+
+
 def _terminated(signum, frame) -> None:
+    _SIGTERM_RECEIVED.set()
     raise Terminated("SIGTERM")

@@ -46,6 +46,8 @@ def test_a_joining_driver_passes_no_node_setting() -> None:
         assert kwargs["address"] == address and not NODE_SETTINGS & set(kwargs)
     for address in (None, "local"):
         assert not joins_cluster(address)
+        # Never Ray's default for None: joining whatever `ray start` last ran on this host.
+        assert init_kwargs(address)["address"] == "local"
         assert init_kwargs(address)["include_dashboard"] is False
         assert init_kwargs(address)["_system_config"] == {
             "task_events_max_num_task_in_gcs": TASK_EVENTS_KEPT
