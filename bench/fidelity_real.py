@@ -57,6 +57,9 @@ class RealRun:
     engine_itl: HistogramSeries = field(default_factory=HistogramSeries)
     chat_itl: Histogram | None = None
     """Chat's own token gaps over the run, from the plug-in's status (None: no status read)."""
+    step_time_ratio: float | None = None
+    """The engine's measured step time over the latency model's over the run, from the plug-in's
+    status: how far the fit is off on this host now (None: no status, or no step priced)."""
 
 
 def run_real(
@@ -84,7 +87,7 @@ def run_real(
         )
         run_real(warm, replica, model, tokenizer)
     chat_spec = replace(workload.chat, duration_s=workload.duration_s)
-    before = _chat_gaps(plugin_status)
+    before = plugin_status() if plugin_status else None
     with EngineItlRecorder([replica]) as engine:
         t0 = time.time()
         chat = ChatLoadThread([replica], model, tokenizer, chat_spec, "fidelity-real").start()
@@ -92,14 +95,26 @@ def run_real(
         chat_records = chat.join().records
     if plugin_status is not None:
         time.sleep(WRITE_EVERY_S + 0.2)  # the next status write covers the run's last steps
-    after = _chat_gaps(plugin_status)
-    chat_itl = None if after is None else histogram_delta(after, before)
-    return RealRun(t0, t0 + workload.duration_s, chat_records, batch, engine.series, chat_itl)
+    after = plugin_status() if plugin_status else None
+    chat_itl = ratio = None
+    if after is not None:
+        chat_itl = histogram_delta(
+            status_histogram(after, "chat_itl_seconds"),
+            None if before is None else status_histogram(before, "chat_itl_seconds"),
+        )
+        ratio = model_error(after, before)
+    return RealRun(
+        t0, t0 + workload.duration_s, chat_records, batch, engine.series, chat_itl, ratio
+    )
 
 
-def _chat_gaps(plugin_status: Callable[[], dict | None] | None) -> Histogram | None:
-    doc = plugin_status() if plugin_status else None
-    return None if doc is None else status_histogram(doc, "chat_itl_seconds")
+def model_error(after: dict, before: dict | None) -> float | None:
+    """Measured over modelled step seconds between two plug-in status documents (`before` None:
+    since the engine started); None when no step was priced in between."""
+    a, b = after["totals"], (before or {}).get("totals", {})
+    modelled = a.get("model_s", 0.0) - b.get("model_s", 0.0)
+    measured = a["measured_when_predicted_s"] - b.get("measured_when_predicted_s", 0.0)
+    return measured / modelled if modelled > 0 else None
 
 
 async def _batch_load(

@@ -35,6 +35,12 @@ class EngineParams(_Strict):
     scheduling_policy: Literal["priority", "fcfs"] = Field(
         "priority", description="Waiting-queue order and preemption victim choice."
     )
+    step_time_ratio: float = Field(
+        1.0,
+        gt=0,
+        description="Real step time over the latency model's: the fit the controller and the "
+        "plug-in are given is this far off (a fit from another host, or another hour of it).",
+    )
 
     @model_validator(mode="after")
     def _kv_holds_a_block(self) -> EngineParams:

@@ -26,6 +26,7 @@ from scheduler.step_budget import (
     StepBudget,
     any_chat,
     chat_reservation,
+    model_scale,
 )
 from simulator.config import EngineParams
 from simulator.entities import Request
@@ -77,6 +78,7 @@ class EngineScheduler:
         )
         self.threshold = params.long_prefill_token_threshold if self.chunked else 0
         self.max_seqs = params.max_num_seqs
+        self.step_time_ratio = params.step_time_ratio
         self.by_priority = params.scheduling_policy == "priority"
         self.running: list[Request] = []
         self._heap: list[tuple[int, float, int, Request]] = []
@@ -138,10 +140,11 @@ class EngineScheduler:
             [*map(_in_engine, self.running),
              *(_in_engine(e[3] if self.by_priority else e) for e in waiting)]
         )  # fmt: skip
+        # The plug-in's own correction of the model it was sent, as the real one learns it.
+        target_s = target.step_target_s(chat) / model_scale(self.step_time_ratio)
         return StepBudget(
-            target.model, target.step_target_s(chat), room, fixed, self.block_size,
-            target.min_chunk_tokens,
-        )  # fmt: skip
+            target.model, target_s, room, fixed, self.block_size, target.min_chunk_tokens
+        )
 
     def _chunk(self, req: Request, remaining: int, budget: int) -> int:
         n = remaining

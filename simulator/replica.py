@@ -2,7 +2,8 @@
 
 A step is priced when it starts (the model sees exactly the batch the scheduler chose) and applied
 when it ends; every decoding sequence of the step gets its token at that end time, which is where
-token gaps come from.
+token gaps come from. A replica whose `step_time_ratio` is not 1 runs its steps that much slower
+(or faster) than the model everyone else is given says.
 """
 
 from __future__ import annotations
@@ -69,7 +70,8 @@ class Replica:
         self.peak_used_blocks = max(self.peak_used_blocks, self.kv.used_blocks)
         # A model that priced a step at zero would freeze virtual time; a microsecond is below any
         # real engine step.
-        return now + max(self.model.step_seconds(step.batch), MIN_STEP_S)
+        seconds = self.model.step_seconds(step.batch) * self.params.step_time_ratio
+        return now + max(seconds, MIN_STEP_S)
 
     def end_step(self, now: float) -> StepOutcome:
         """Apply the step that ends at `now` and feed the sensor."""

@@ -42,8 +42,10 @@ class ReplicaSensor:
         running: list[Request],
         waiting: list[Request],
         kv_capacity_tokens: int | None = None,
+        step_time_ratio: float | None = None,
     ) -> Observation:
-        """The observation at `t`; starts a fresh interval afterwards."""
+        """The observation at `t`; starts a fresh interval afterwards. `step_time_ratio` is the
+        measured over predicted step time the replica's plug-in reports (None: no plug-in)."""
         self.window.append(self.current)
         self.current = Interval(t_start=t)
         gaps = [g for iv in self.window for g in iv.chat_gaps]
@@ -66,6 +68,7 @@ class ReplicaSensor:
                 BatchInFlight(r.prompt_tokens, min(r.num_computed, r.prompt_tokens)) for r in batch
             ),
             step_samples_s=tuple(s for iv in self.window for s in iv.steps),
+            step_time_ratio=step_time_ratio,
             window_s=t - self.window[0].t_start,
         )
 

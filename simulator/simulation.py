@@ -15,7 +15,7 @@ from collections.abc import Callable
 
 from scheduler.admission import AdmissionPolicy, Decision
 from scheduler.step import StepTimeModel
-from scheduler.step_budget import BatchStepTarget
+from scheduler.step_budget import BatchStepTarget, model_scale
 from simulator.config import SimConfig
 from simulator.dispatcher import BatchDispatcher
 from simulator.entities import Request
@@ -148,7 +148,7 @@ class Simulation:
             kv = replica.kv
             obs = replica.sensor.observe(
                 self.now, replica.name, kv.usage, engine.running, engine.waiting(),
-                kv.num_blocks * kv.block_size,
+                kv.num_blocks * kv.block_size, plug_in_ratio(engine),
             )  # fmt: skip
             decision = self.policies[replica.name].decide(obs)
             self.recorder.decision(obs, decision)
@@ -173,6 +173,15 @@ class Simulation:
         for replica in self.replicas:
             for req in replica.engine.running + replica.engine.waiting():
                 self.recorder.finish(req, self.now, status="cancelled")
+
+
+def plug_in_ratio(engine) -> float | None:
+    """The measured/predicted step time a replica's plug-in reports: what is left of the engine's
+    `step_time_ratio` after the plug-in's own scale (None while the engine runs stock)."""
+    if engine.batch_target is None:
+        return None
+    ratio = engine.step_time_ratio
+    return ratio / model_scale(ratio)
 
 
 def plug_in_target(decision: Decision, model: StepTimeModel) -> BatchStepTarget | None:

@@ -73,10 +73,6 @@ except ImportError:  # pragma: no cover - only outside an engine venv
 SCALE_MEMORY = 0.98
 """Decay per step of the measured and predicted step seconds the model's scale is their ratio of
 (about the last 50 steps)."""
-SCALE_BOUNDS = (1.0, 3.0)
-"""The scale only ever tightens the budget: where steps run faster than the model says, the
-controller's feedback raises the target (it reads the ratio left); where slower, a fixed target
-is still kept, controller or not."""
 
 
 class _Plugin:
@@ -163,8 +159,7 @@ class _Plugin:
     def scale(self) -> float:
         if self.predicted_sum <= 0:
             return 1.0
-        lo, hi = SCALE_BOUNDS
-        return min(hi, max(lo, self.measured_sum / self.predicted_sum))
+        return step_budget.model_scale(self.measured_sum / self.predicted_sum)
 
     def cap(self, request, num_computed_tokens: int, num_new_tokens: int) -> int:
         """The chunk vLLM may schedule for `request`: its own for chat and decodes, the grant

@@ -78,6 +78,9 @@ class Totals:
     """Steps with a prediction (a latency model from the control document); `predicted_s` and
     `measured_when_predicted_s` sum over these only, so their ratio is the model's error."""
     measured_when_predicted_s: float = 0.0
+    model_s: float = 0.0
+    """The control document's model alone over the same steps (`predicted_s` is after the
+    plug-in's scale): `measured_when_predicted_s / model_s` is how far off the model is here."""
     max_measured_s: float = 0.0
 
 
@@ -129,6 +132,7 @@ class EngineStatus:
                 t.predicted_steps += 1
                 t.predicted_s += rec.predicted_s
                 t.measured_when_predicted_s += measured_s
+                t.model_s += rec.model_s or 0.0
 
     def document(self, control: dict) -> dict:
         r = self._recent

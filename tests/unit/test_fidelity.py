@@ -14,7 +14,7 @@ from bench.fidelity import (
     replay_trace,
     simulate_replay,
 )
-from bench.fidelity_real import MixedWorkload, RealRun
+from bench.fidelity_real import MixedWorkload, RealRun, model_error
 from scheduler.records import RequestRecord
 from serving.metrics import Histogram
 
@@ -110,3 +110,33 @@ def test_real_itl_is_the_plug_ins_chat_gaps_when_the_run_kept_them() -> None:
                   chat_itl=chat_gaps)  # fmt: skip
     figures, read_through = figures_real(run, 10.0)
     assert read_through == bounds and figures["chat_itl_p99_ms"] <= 10.0
+
+
+def test_a_host_off_the_fit_is_replayed_at_its_speed_and_its_plug_in_corrects_as_the_real_one():
+    """Faster than the fit: the plug-in sizes chunks to the fit as sent (its scale never goes
+    below 1), so steps, and chat's gaps, come out shorter than the target and batch gains.
+    Slower: the plug-in scales the fit up, so chat's gaps stay at the target and batch loses."""
+    bounds = tuple(b / 1000 for b in range(1, 500)) + (float("inf"),)
+
+    def figures(ratio: float) -> dict:
+        chat = [record("chat", 100.0 + 0.5 * i, 300, 24, t_end=101.0 + i) for i in range(30)]
+        run = RealRun(t0=100.0, t1=120.0, chat=chat, batch=[])
+        workload = _workload(seats=2, doc_tokens=1500)
+        result = simulate_replay(workload, run, SMALL, FIT, 15.0, step_time_ratio=ratio)
+        return figures_sim(result, bounds, 20.0, chat_only_itl=True)
+
+    fast, as_fit, slow = figures(0.6), figures(1.0), figures(2.0)
+    assert fast["chat_itl_p99_ms"] < 0.7 * as_fit["chat_itl_p99_ms"]
+    assert fast["batch_tokens_per_s"] > as_fit["batch_tokens_per_s"] > slow["batch_tokens_per_s"]
+    assert slow["chat_itl_p99_ms"] <= 1.1 * as_fit["chat_itl_p99_ms"]
+
+
+def test_the_fit_s_error_is_read_from_two_plug_in_status_documents() -> None:
+    def status(measured: float, modelled: float) -> dict:
+        return {"totals": {"measured_when_predicted_s": measured, "model_s": modelled}}
+
+    assert model_error(status(13.0, 20.0), status(1.0, 0.0)) == pytest.approx(0.6)
+    assert model_error(status(6.0, 3.0), None) == pytest.approx(2.0)  # since the engine started
+    assert model_error(status(5.0, 4.0), status(5.0, 4.0)) is None  # no step priced between
+    old_plugin = {"totals": {"measured_when_predicted_s": 3.0}}  # a status without `model_s`
+    assert model_error(old_plugin, None) is None
