@@ -21,6 +21,12 @@ the fit while its plug-in and controller are given the fit itself, as the real o
 (`EngineParams.step_time_ratio`). The replay at the fit as it stands is reported beside it
 (`sim_at_fit`); a stock run has no such number and is replayed at the fit.
 
+Steps of one price vary too (other processes on a shared host, caches), and that spread, not the
+mean, makes chat's ITL p99. The real replica logs every step it runs (`STEP_LOG_ENV`); each of
+its steps that carried a prefill chunk (the long steps that chat's gap tail and waits are made
+of) gives its time over its price, over the mean of those, and the replay draws every step's
+multiplier from their quantiles (`EngineParams.step_time_spread`).
+
 Like for like. With the plug-in, ITL is chat's own: the plug-in's chat-only gaps on the real side,
 the simulated chat gaps on the other, read through the same buckets (a p99 interpolated inside a
 bucket is only as exact as the bucket). Stock, the real ITL is the engine's own histogram
@@ -66,9 +72,11 @@ def simulate_replay(
     latency_model: str,
     target_ms: float | None = None,
     step_time_ratio: float = 1.0,
+    step_time_spread: tuple[float, ...] = (),
 ):
     """The simulator's run of the same work (with the plug-in at `target_ms` when given, else
-    stock), its steps `step_time_ratio` times the fit's; returns its `SimResult`."""
+    stock), its steps `step_time_ratio` times the fit's, each drawing a multiplier from
+    `step_time_spread`; returns its `SimResult`."""
     from scheduler.policy_factory import PolicyChoice, make_policy
     from serving.engine_profile import engine_params, load_profile, step_model
     from simulator.config import sim_config
@@ -78,7 +86,11 @@ def simulate_replay(
     model = step_model(cfg, Path(latency_model))
     sim_cfg = sim_config(
         cfg.name,
-        engine={**engine_params(cfg), "step_time_ratio": step_time_ratio},
+        engine={
+            **engine_params(cfg),
+            "step_time_ratio": step_time_ratio,
+            "step_time_spread": step_time_spread,
+        },
         chat={"rate": 0.0, "trace_shared_prefix_tokens": workload.chat.shape.system_prompt_tokens},
         batch={
             "docs": 10_000,
@@ -97,6 +109,24 @@ def simulate_replay(
         choice = PolicyChoice("budget", seats=workload.seats, target_ms=target_ms)
     caps = make_policy(choice, sim_cfg.slo)
     return simulate(sim_cfg, model, lambda _replica: caps, replay_trace(run))
+
+
+SPREAD_POINTS = 101
+"""Quantiles of the step-time spread handed to the replay (every percentile)."""
+MIN_SPREAD_STEPS = 50
+"""Fewer steps with a prefill chunk than this give no spread: their quantiles would be noise."""
+
+
+def step_spread(steps, model) -> tuple[float, ...]:
+    """Quantiles of real step time over price, relative to their time-weighted mean, over the
+    logged steps that carried a prefill chunk (module docstring); () with too few of them."""
+    priced = [(s.seconds, model.step_seconds(s.batch)) for s in steps if s.batch.prefills]
+    priced = [(sec, price) for sec, price in priced if price > 0 and sec > 0]
+    if len(priced) < MIN_SPREAD_STEPS:
+        return ()
+    mean = sum(sec for sec, _ in priced) / sum(price for _, price in priced)
+    ratios = np.array([sec / price / mean for sec, price in priced])
+    return tuple(float(q) for q in np.quantile(ratios, np.linspace(0, 1, SPREAD_POINTS)))
 
 
 def batch_tokens_per_s(records: list[RequestRecord], t0: float, duration_s: float) -> float:
@@ -219,7 +249,9 @@ def main(argv: list[str] | None = None) -> int:
     from bench.chat_load import ChatLoadSpec
     from bench.chat_sessions import ChatShape
     from bench.fidelity_real import run_real
+    from scheduler.latency_model import LatencyModel
     from serving.engine_config import load_engine_config
+    from serving.engine_site.step_log import STEP_LOG_ENV
     from serving.launcher import ReplicaSet
     from serving.replica_targets import fit_path
     from serving.tokenizer import tokenizer_for
@@ -258,7 +290,12 @@ def main(argv: list[str] | None = None) -> int:
         warmup_s=args.warmup,
     )
     tokenizer = tokenizer_for(config)
-    with ReplicaSet(Path("results/engines")).running(config, args.engine_config, args.port) as r:
+    step_log = args.json.with_suffix(".steps.jsonl").resolve()
+    step_log.parent.mkdir(parents=True, exist_ok=True)
+    step_log.unlink(missing_ok=True)
+    env = {STEP_LOG_ENV: str(step_log)}
+    replicas = ReplicaSet(Path("results/engines"))
+    with replicas.running(config, args.engine_config, args.port, extra_env=env) as r:
         steering = "stock" if args.target_ms is None else f"plug-in at {args.target_ms:g} ms"
         print(
             f"real: {args.duration:.0f} s of chat at {args.rate}/s + {args.seats} batch "
@@ -269,21 +306,25 @@ def main(argv: list[str] | None = None) -> int:
         if args.target_ms is not None:
             status = _steer(r[0], args.target_ms, Path(fit), args.warmup + args.duration + 600)
         run = run_real(
-            workload, (r[0].name, r[0].base_url), config.model.served_name, tokenizer, status
-        )
+            workload, (r[0].name, r[0].base_url), config.model.served_name, tokenizer, status,
+            step_log,
+        )  # fmt: skip
     if args.target_ms is not None and run.chat_itl is None:
         print("the plug-in wrote no status: is it loaded (scheduler-cls)?", file=sys.stderr)
         return 1
     real, bounds = figures_real(run, args.duration)
     chat_only = args.target_ms is not None
     ratio = run.step_time_ratio or 1.0
-    result = simulate_replay(workload, run, args.engine_config, fit, args.target_ms, ratio)
+    spread = step_spread(run.steps, LatencyModel.from_json(fit))
+    result = simulate_replay(workload, run, args.engine_config, fit, args.target_ms, ratio, spread)
     at_fit = simulate_replay(workload, run, args.engine_config, fit, args.target_ms)
     out = compare(real, figures_sim(result, bounds, args.duration, chat_only))
     out.update(
         command="python -m bench.fidelity " + " ".join(argv or sys.argv[1:]),
         latency_model=fit,
         step_time_ratio=run.step_time_ratio,
+        step_time_spread={f"p{p}": spread[p] for p in (1, 50, 90, 99)} if spread else None,
+        steps_logged=len(run.steps),
         sim_at_fit=figures_sim(at_fit, bounds, args.duration, chat_only),
         batch_step_target_ms=args.target_ms,
         itl="chat's own gaps (plug-in)" if chat_only else "every sequence's (vLLM histogram)",
@@ -317,6 +358,12 @@ def _print(out: dict) -> None:
     ratio = out["step_time_ratio"]
     if ratio is not None:
         print(f"steps here took {ratio:.2f}x the fit's time (plug-in status); replayed so")
+    spread = out["step_time_spread"]
+    if spread:
+        print(
+            f"step time over its mean, steps with a prefill chunk: p50 {spread['p50']:.2f}, "
+            f"p90 {spread['p90']:.2f}, p99 {spread['p99']:.2f} (step log); replayed so"
+        )
     print(f"{'figure':<22}{'real':>12}{'sim':>12}{'error':>9}{'at fit':>12}")
     for k, real in out["real"].items():
         sim, err = out["sim"][k], out["relative_error"][k]

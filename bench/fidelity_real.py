@@ -17,6 +17,7 @@ import random
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 
 from bench.chat_load import ChatLoadSpec, model_text
 from bench.chat_thread import ChatLoadThread
@@ -60,6 +61,9 @@ class RealRun:
     step_time_ratio: float | None = None
     """The engine's measured step time over the latency model's over the run, from the plug-in's
     status: how far the fit is off on this host now (None: no status, or no step priced)."""
+    steps: list = field(default_factory=list)
+    """The engine's steps of the measured run as the plug-in timed them (`StepSample`s; empty
+    without a step log)."""
 
 
 def run_real(
@@ -68,9 +72,11 @@ def run_real(
     model: str,
     tokenizer,
     plugin_status: Callable[[], dict | None] | None = None,
+    step_log: Path | None = None,
 ) -> RealRun:
     """Run `workload` against one replica and return its records; `plugin_status` reads the
-    replica's plug-in status document, whose chat-only gaps are then kept for the measured run.
+    replica's plug-in status document, whose chat-only gaps are then kept for the measured run;
+    `step_log` is the replica's step log (`STEP_LOG_ENV`), whose measured run's steps are kept.
 
     A fresh CPU engine is slow for its first tens of seconds of mixed load (every new step shape
     builds its kernels once: measured here, a 6k-token prompt took 10 s in the first 20 s of a run
@@ -88,6 +94,7 @@ def run_real(
         run_real(warm, replica, model, tokenizer)
     chat_spec = replace(workload.chat, duration_s=workload.duration_s)
     before = plugin_status() if plugin_status else None
+    logged_before = _lines(step_log)
     with EngineItlRecorder([replica]) as engine:
         t0 = time.time()
         chat = ChatLoadThread([replica], model, tokenizer, chat_spec, "fidelity-real").start()
@@ -103,9 +110,24 @@ def run_real(
             None if before is None else status_histogram(before, "chat_itl_seconds"),
         )
         ratio = model_error(after, before)
+    steps = _steps_after(step_log, logged_before)
     return RealRun(
-        t0, t0 + workload.duration_s, chat_records, batch, engine.series, chat_itl, ratio
+        t0, t0 + workload.duration_s, chat_records, batch, engine.series, chat_itl, ratio, steps
     )
+
+
+def _lines(path: Path | None) -> int:
+    if path is None or not path.is_file():
+        return 0
+    with path.open("rb") as fh:
+        return sum(1 for _ in fh)
+
+
+def _steps_after(path: Path | None, skip: int) -> list:
+    """The steps logged after the first `skip` lines."""
+    from serving.step_samples import read_samples
+
+    return read_samples(path)[skip:] if path is not None and path.is_file() else []
 
 
 def model_error(after: dict, before: dict | None) -> float | None:

@@ -41,6 +41,21 @@ class EngineParams(_Strict):
         description="Real step time over the latency model's: the fit the controller and the "
         "plug-in are given is this far off (a fit from another host, or another hour of it).",
     )
+    step_time_spread: tuple[float, ...] = Field(
+        (),
+        description="Quantiles, evenly spaced from 0 to 1, of a real step's time over its mean "
+        "(mean 1); each step draws one. Empty: every step takes exactly its price.",
+    )
+
+    @model_validator(mode="after")
+    def _spread_is_quantiles(self) -> EngineParams:
+        q = self.step_time_spread
+        if q and (len(q) < 2 or q[0] <= 0 or any(b < a for a, b in zip(q, q[1:], strict=False))):
+            raise ValueError(
+                f"step_time_spread must be at least two positive quantiles in rising order, got "
+                f"{q[:5]}{'...' if len(q) > 5 else ''}; leave it empty for exact step times"
+            )
+        return self
 
     @model_validator(mode="after")
     def _kv_holds_a_block(self) -> EngineParams:

@@ -3,10 +3,15 @@
 A step is priced when it starts (the model sees exactly the batch the scheduler chose) and applied
 when it ends; every decoding sequence of the step gets its token at that end time, which is where
 token gaps come from. A replica whose `step_time_ratio` is not 1 runs its steps that much slower
-(or faster) than the model everyone else is given says.
+(or faster) than the model everyone else is given says; with a `step_time_spread` each step also
+draws its own multiplier from it (a real engine's steps of one price vary: other processes on
+the host, caches), which is what puts a tail on chat's gaps beyond the step target.
 """
 
 from __future__ import annotations
+
+import random
+from collections.abc import Sequence
 
 from scheduler.step import StepTimeModel
 from simulator.config import EngineParams
@@ -18,15 +23,38 @@ from simulator.sensors import ReplicaSensor
 MIN_STEP_S = 1e-6
 
 
+class StepSpread:
+    """Draws a step's time multiplier from quantiles evenly spaced over [0, 1] (linear between
+    them); with none, always 1."""
+
+    def __init__(self, quantiles: Sequence[float], rng: random.Random) -> None:
+        self.quantiles = tuple(quantiles)
+        self.rng = rng
+
+    def draw(self) -> float:
+        q = self.quantiles
+        if not q:
+            return 1.0
+        x = self.rng.random() * (len(q) - 1)
+        i = int(x)
+        return q[i] + (q[min(i + 1, len(q) - 1)] - q[i]) * (x - i)
+
+
 class Replica:
     """A vLLM-like engine that is either idle or running exactly one step."""
 
     def __init__(
-        self, name: str, params: EngineParams, model: StepTimeModel, intervals_per_window: int = 1
+        self,
+        name: str,
+        params: EngineParams,
+        model: StepTimeModel,
+        intervals_per_window: int = 1,
+        seed: int = 0,
     ) -> None:
         self.name = name
         self.params = params
         self.model = model
+        self._spread = StepSpread(params.step_time_spread, random.Random(f"{seed}:{name}:steps"))
         self.kv = KVCache(
             params.kv_capacity_tokens, params.block_size, params.enable_prefix_caching
         )
@@ -70,7 +98,8 @@ class Replica:
         self.peak_used_blocks = max(self.peak_used_blocks, self.kv.used_blocks)
         # A model that priced a step at zero would freeze virtual time; a microsecond is below any
         # real engine step.
-        seconds = self.model.step_seconds(step.batch) * self.params.step_time_ratio
+        price = self.model.step_seconds(step.batch)
+        seconds = price * self.params.step_time_ratio * self._spread.draw()
         return now + max(seconds, MIN_STEP_S)
 
     def end_step(self, now: float) -> StepOutcome:

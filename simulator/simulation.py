@@ -52,7 +52,8 @@ class Simulation:
         window = cfg.control.observe_window_s or cfg.control.interval_s
         per_window = math.ceil(window / cfg.control.interval_s - 1e-9)
         self.replicas = [
-            Replica(f"{cfg.name}-{i}", cfg.engine, model, per_window) for i in range(cfg.replicas)
+            Replica(f"{cfg.name}-{i}", cfg.engine, model, per_window, cfg.seed)
+            for i in range(cfg.replicas)
         ]
         self.by_name = {r.name: r for r in self.replicas}
         self.policies = {r.name: policy_factory(r.name) for r in self.replicas}

@@ -6,6 +6,7 @@ import pytest
 from bench.chat_load import ChatLoadSpec
 from bench.chat_sessions import ChatShape
 from bench.fidelity import (
+    SPREAD_POINTS,
     batch_tokens_per_s,
     bucketed_p99_ms,
     compare,
@@ -13,6 +14,7 @@ from bench.fidelity import (
     figures_sim,
     replay_trace,
     simulate_replay,
+    step_spread,
 )
 from bench.fidelity_real import MixedWorkload, RealRun, model_error
 from scheduler.records import RequestRecord
@@ -140,3 +142,36 @@ def test_the_fit_s_error_is_read_from_two_plug_in_status_documents() -> None:
     assert model_error(status(5.0, 4.0), status(5.0, 4.0)) is None  # no step priced between
     old_plugin = {"totals": {"measured_when_predicted_s": 3.0}}  # a status without `model_s`
     assert model_error(old_plugin, None) is None
+
+
+def test_a_spread_of_step_times_puts_a_tail_on_chat_gaps_and_keeps_their_mean() -> None:
+    bounds = tuple(b / 1000 for b in range(1, 500)) + (float("inf"),)
+    chat = [record("chat", 100.0 + 0.5 * i, 300, 24, t_end=101.0 + i) for i in range(30)]
+    run = RealRun(t0=100.0, t1=120.0, chat=chat, batch=[])
+    workload = _workload(seats=2, doc_tokens=1500)
+    spread = tuple(np.linspace(0.8, 1.2, 99)) + (1.5, 1.6)  # mean about 1, a tail to 1.6
+    exact = simulate_replay(workload, run, SMALL, FIT, 15.0)
+    spread_out = simulate_replay(workload, run, SMALL, FIT, 15.0, step_time_spread=spread)
+    tail, flat = (figures_sim(r, bounds, 20.0, chat_only_itl=True) for r in (spread_out, exact))
+    assert tail["chat_itl_p99_ms"] > 1.2 * flat["chat_itl_p99_ms"]
+    gaps = [np.mean(r.sim.recorder.class_gaps("chat")[0]) for r in (spread_out, exact)]
+    assert gaps[0] == pytest.approx(gaps[1], rel=0.1)
+
+
+def test_the_spread_is_each_prefill_step_s_time_over_price_relative_to_their_mean() -> None:
+    from scheduler.latency_fit import StepSample
+    from scheduler.step import PrefillChunk, StepBatch
+
+    class Flat:  # every step priced at 10 ms
+        def step_seconds(self, batch) -> float:
+            return 0.010
+
+    chunk = StepBatch((PrefillChunk(256, 0),), 1, 300)
+    decode_only = StepBatch((), 1, 300)
+    times = [0.006] * 50 + [0.009] * 49 + [0.018]
+    mean = sum(times) / (0.010 * len(times))  # time-weighted: decode-only steps left out
+    steps = [StepSample(chunk, t) for t in times] + [StepSample(decode_only, 0.5)] * 10
+    q = step_spread(steps, Flat())
+    assert len(q) == SPREAD_POINTS and list(q) == sorted(q)
+    assert q[0] == pytest.approx(0.6 / mean) and q[-1] == pytest.approx(1.8 / mean)
+    assert step_spread(steps[:10], Flat()) == ()  # too few steps with a prefill chunk

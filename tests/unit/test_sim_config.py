@@ -33,6 +33,13 @@ def test_a_rate_and_a_trace_together_are_refused():
         SimConfig.model_validate({"chat": {"rate": 1.0, "trace": "t.csv"}})
 
 
+@pytest.mark.parametrize("spread", [(1.0,), (0.0, 1.0), (1.2, 0.9), (0.9, 1.0, 0.95)])
+def test_a_step_time_spread_is_rising_positive_quantiles(spread):
+    with pytest.raises(ValidationError, match="step_time_spread"):
+        EngineParams(step_time_spread=spread)
+    assert EngineParams(step_time_spread=(0.8, 1.0, 1.4)).step_time_spread == (0.8, 1.0, 1.4)
+
+
 def test_kv_must_hold_at_least_one_block():
     with pytest.raises(ValidationError, match="kv_capacity_tokens"):
         EngineParams(kv_capacity_tokens=8, block_size=16)
