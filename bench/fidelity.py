@@ -21,6 +21,10 @@ the fit while its plug-in and controller are given the fit itself, as the real o
 (`EngineParams.step_time_ratio`). The replay at the fit as it stands is reported beside it
 (`sim_at_fit`); a stock run has no such number and is replayed at the fit.
 
+The API server (HTTP, tokenization) adds to every time to first token what no engine step
+shows: the mean of chat's client TTFT over the mean of the plug-in's in-engine TTFT, which the
+replay adds before each request reaches its engine (`EngineParams.request_overhead_s`).
+
 Steps of one price vary too (other processes on a shared host, caches), and that spread, not the
 mean, makes chat's ITL p99. The real replica logs every step it runs (`STEP_LOG_ENV`); each of
 its steps that carried a prefill chunk (the long steps that chat's gap tail and waits are made
@@ -73,10 +77,12 @@ def simulate_replay(
     target_ms: float | None = None,
     step_time_ratio: float = 1.0,
     step_time_spread: tuple[float, ...] = (),
+    request_overhead_s: float = 0.0,
 ):
     """The simulator's run of the same work (with the plug-in at `target_ms` when given, else
     stock), its steps `step_time_ratio` times the fit's, each drawing a multiplier from
-    `step_time_spread`; returns its `SimResult`."""
+    `step_time_spread`, every request reaching the engine `request_overhead_s` after it was
+    sent; returns its `SimResult`."""
     from scheduler.policy_factory import PolicyChoice, make_policy
     from serving.engine_profile import engine_params, load_profile, step_model
     from simulator.config import sim_config
@@ -90,6 +96,7 @@ def simulate_replay(
             **engine_params(cfg),
             "step_time_ratio": step_time_ratio,
             "step_time_spread": step_time_spread,
+            "request_overhead_s": request_overhead_s,
         },
         chat={"rate": 0.0, "trace_shared_prefix_tokens": workload.chat.shape.system_prompt_tokens},
         batch={
@@ -316,7 +323,10 @@ def main(argv: list[str] | None = None) -> int:
     chat_only = args.target_ms is not None
     ratio = run.step_time_ratio or 1.0
     spread = step_spread(run.steps, LatencyModel.from_json(fit))
-    result = simulate_replay(workload, run, args.engine_config, fit, args.target_ms, ratio, spread)
+    overhead = run.request_overhead_s or 0.0
+    result = simulate_replay(
+        workload, run, args.engine_config, fit, args.target_ms, ratio, spread, overhead
+    )
     at_fit = simulate_replay(workload, run, args.engine_config, fit, args.target_ms)
     out = compare(real, figures_sim(result, bounds, args.duration, chat_only))
     out.update(
@@ -325,6 +335,9 @@ def main(argv: list[str] | None = None) -> int:
         step_time_ratio=run.step_time_ratio,
         step_time_spread={f"p{p}": spread[p] for p in (1, 50, 90, 99)} if spread else None,
         steps_logged=len(run.steps),
+        request_overhead_ms=None
+        if run.request_overhead_s is None
+        else run.request_overhead_s * 1e3,
         sim_at_fit=figures_sim(at_fit, bounds, args.duration, chat_only),
         batch_step_target_ms=args.target_ms,
         itl="chat's own gaps (plug-in)" if chat_only else "every sequence's (vLLM histogram)",
@@ -358,6 +371,9 @@ def _print(out: dict) -> None:
     ratio = out["step_time_ratio"]
     if ratio is not None:
         print(f"steps here took {ratio:.2f}x the fit's time (plug-in status); replayed so")
+    overhead = out["request_overhead_ms"]
+    if overhead is not None:
+        print(f"chat TTFT at the client over inside the engine: +{overhead:.1f} ms; replayed so")
     spread = out["step_time_spread"]
     if spread:
         print(

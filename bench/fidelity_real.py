@@ -61,6 +61,9 @@ class RealRun:
     step_time_ratio: float | None = None
     """The engine's measured step time over the latency model's over the run, from the plug-in's
     status: how far the fit is off on this host now (None: no status, or no step priced)."""
+    request_overhead_s: float | None = None
+    """Chat's mean time to first token at the client over its mean inside the engine (the
+    plug-in's status): what the API server adds to every request (None: no status)."""
     steps: list = field(default_factory=list)
     """The engine's steps of the measured run as the plug-in timed them (`StepSample`s; empty
     without a step log)."""
@@ -103,17 +106,30 @@ def run_real(
     if plugin_status is not None:
         time.sleep(WRITE_EVERY_S + 0.2)  # the next status write covers the run's last steps
     after = plugin_status() if plugin_status else None
-    chat_itl = ratio = None
+    chat_itl = ratio = overhead = None
     if after is not None:
-        chat_itl = histogram_delta(
-            status_histogram(after, "chat_itl_seconds"),
-            None if before is None else status_histogram(before, "chat_itl_seconds"),
-        )
+        chat_itl = _status_delta(after, before, "chat_itl_seconds")
         ratio = model_error(after, before)
-    steps = _steps_after(step_log, logged_before)
+        overhead = request_overhead(chat_records, _status_delta(after, before, "chat_ttft_seconds"))
     return RealRun(
-        t0, t0 + workload.duration_s, chat_records, batch, engine.series, chat_itl, ratio, steps
+        t0, t0 + workload.duration_s, chat_records, batch, engine.series, chat_itl, ratio,
+        overhead, _steps_after(step_log, logged_before),
+    )  # fmt: skip
+
+
+def _status_delta(after: dict, before: dict | None, key: str) -> Histogram:
+    return histogram_delta(
+        status_histogram(after, key), None if before is None else status_histogram(before, key)
     )
+
+
+def request_overhead(chat: list[RequestRecord], engine_ttft: Histogram) -> float | None:
+    """Mean client TTFT of the chat requests that got a first token, over the engine's mean TTFT
+    of chat in the same span; never below 0. None without both."""
+    client = [r.ttft_s for r in chat if r.ttft_s is not None]
+    if not client or engine_ttft.count <= 0:
+        return None
+    return max(0.0, sum(client) / len(client) - engine_ttft.sum / engine_ttft.count)
 
 
 def _lines(path: Path | None) -> int:

@@ -41,6 +41,12 @@ class EngineParams(_Strict):
         description="Real step time over the latency model's: the fit the controller and the "
         "plug-in are given is this far off (a fit from another host, or another hour of it).",
     )
+    request_overhead_s: float = Field(
+        0.0,
+        ge=0,
+        description="Seconds from a request's submission to its arrival at the engine's "
+        "scheduler (the API server: HTTP, tokenization); part of every time to first token.",
+    )
     step_time_spread: tuple[float, ...] = Field(
         (),
         description="Quantiles, evenly spaced from 0 to 1, of a real step's time over its mean "

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from simulator.entities import Request
 from simulator.replica import Replica
 from simulator.workloads import ChatSession, trace_request
 
@@ -35,6 +36,17 @@ class StepEnd(Event):
 
     def handle(self, sim: Simulation) -> list[Event]:
         return sim.end_step(self.replica)
+
+
+@dataclass(slots=True)
+class EngineArrival(Event):
+    """A submitted request reaches its replica's engine, past the API server."""
+
+    request: Request
+    replica: Replica
+
+    def handle(self, sim: Simulation) -> list[Event]:
+        return sim.enter(self.request, self.replica)
 
 
 @dataclass(slots=True)

@@ -22,6 +22,7 @@ from simulator.entities import Request
 from simulator.events import (
     BacklogArrival,
     ControlTick,
+    EngineArrival,
     Event,
     SessionStart,
     StepEnd,
@@ -66,6 +67,8 @@ class Simulation:
         self.session_of: dict[str, ChatSession] = {}
         self.accepting = True
         self.chat_in_flight = 0
+        self.arriving: dict[str, Request] = {}
+        """Requests submitted and not yet past the API server (`request_overhead_s`)."""
         self.batch_prefill_by_window: dict[int, int] = {}
         """Batch prompt tokens prefilled per SLO window (index `t // slo.window_s`), finished
         requests or not: the batch work a window carried, which completed requests alone
@@ -88,15 +91,25 @@ class Simulation:
         return loads.index(min(loads))
 
     def submit(self, req: Request, replica: Replica) -> list[Event]:
-        """Hand `req` to `replica`'s engine, waking the replica if it was idle."""
+        """Send `req` to `replica`: it reaches the engine `request_overhead_s` later."""
         reason = replica.reject_reason(req)
         if reason is not None:
             req.replica = replica.name
             self.recorder.finish(req, self.now, status="error", error=reason)
             return self._after(req, ok=False)
-        replica.submit(req)
         if req.cls == "chat":
             self.chat_in_flight += 1
+        overhead = replica.params.request_overhead_s
+        if overhead > 0:
+            req.replica = replica.name
+            self.arriving[req.request_id] = req
+            return [EngineArrival(self.now + overhead, req, replica)]
+        return self.enter(req, replica)
+
+    def enter(self, req: Request, replica: Replica) -> list[Event]:
+        """Hand `req` to `replica`'s engine, waking the replica if it was idle."""
+        self.arriving.pop(req.request_id, None)
+        replica.submit(req)
         return [] if replica.busy else self._start(replica)
 
     def _start(self, replica: Replica) -> list[Event]:
@@ -170,10 +183,13 @@ class Simulation:
                 self.recorder.finish(req, self.now, status="cancelled")
 
     def close(self) -> None:
-        """Record every request still in an engine as cancelled at the end of the run."""
+        """Record every request still in an engine, or on its way to one, as cancelled at the
+        end of the run."""
         for replica in self.replicas:
             for req in replica.engine.running + replica.engine.waiting():
                 self.recorder.finish(req, self.now, status="cancelled")
+        for req in self.arriving.values():
+            self.recorder.finish(req, self.now, status="cancelled")
 
 
 def plug_in_ratio(engine) -> float | None:

@@ -16,7 +16,7 @@ from bench.fidelity import (
     simulate_replay,
     step_spread,
 )
-from bench.fidelity_real import MixedWorkload, RealRun, model_error
+from bench.fidelity_real import MixedWorkload, RealRun, model_error, request_overhead
 from scheduler.records import RequestRecord
 from serving.metrics import Histogram
 
@@ -175,3 +175,14 @@ def test_the_spread_is_each_prefill_step_s_time_over_price_relative_to_their_mea
     assert len(q) == SPREAD_POINTS and list(q) == sorted(q)
     assert q[0] == pytest.approx(0.6 / mean) and q[-1] == pytest.approx(1.8 / mean)
     assert step_spread(steps[:10], Flat()) == ()  # too few steps with a prefill chunk
+
+
+def test_the_request_overhead_is_client_ttft_over_engine_ttft_on_average() -> None:
+    chat = [record("chat", 1.0 + i, 50, 5, 3.0 + i) for i in range(4)]
+    for r, ttft in zip(chat, (0.030, 0.040, 0.050, None), strict=True):
+        r.ttft_s = ttft
+    engine = Histogram((0.1, float("inf")), (3.0, 3.0), 3.0, 0.090)  # mean 30 ms
+    assert request_overhead(chat, engine) == pytest.approx(0.010)
+    assert request_overhead(chat, Histogram((0.1, float("inf")), (0.0, 0.0), 0.0, 0.0)) is None
+    fast_client = Histogram((0.1, float("inf")), (3.0, 3.0), 3.0, 0.3)
+    assert request_overhead(chat, fast_client) == 0.0

@@ -108,6 +108,22 @@ def test_chat_in_flight_drains_and_batch_in_flight_is_cancelled_at_the_end():
     assert {row["status"] for row in rows} <= {"done", "skipped"}
 
 
+def test_the_api_server_s_overhead_is_part_of_every_ttft_and_no_request_is_lost_in_it():
+    def ttfts(overhead: float, **settings) -> tuple[np.ndarray, list]:
+        cfg = config(engine={"request_overhead_s": overhead}, **settings)
+        records = simulate(cfg, LinearSteps()).sim.recorder.records
+        chat = [r.ttft_s for r in records if r.cls == "chat" and r.ttft_s is not None]
+        return np.array(chat), records
+
+    direct, _ = ttfts(0.0, batch={"docs": 0})
+    delayed, _ = ttfts(0.05, batch={"docs": 0})
+    assert np.median(delayed) == pytest.approx(np.median(direct) + 0.05, abs=0.01)
+    # Sent, never past the API server before the run ended: cancelled, not dropped.
+    _, records = ttfts(500.0, duration_s=10.0, drain_s=0.0)
+    assert records and {r.status for r in records} == {"cancelled"}
+    assert all(r.replica for r in records)
+
+
 def test_tables_fit_the_warehouse_schemas():
     result = simulate(config(), LinearSteps(), static(2, 1024))
     tables = result.tables()
