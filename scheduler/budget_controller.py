@@ -17,10 +17,14 @@ controller closes the loop around it, one `decide(observation)` per replica ever
    cut at once. Growth and cuts are therefore at most one per window (a burst of chat alone,
    which batch did not cause, cannot drive the target to zero one interval at a time), and a
    violation that follows a growth is answered at the next decision.
-3. **Model correction.** The target is kept in real step seconds; the plug-in prices chunks with the
-   latency model, so the number sent is the real target divided by the measured/predicted step
-   ratio the plug-in reports (smoothed): a model that is 30% optimistic still gets steps of the
-   intended length.
+3. **Model correction.** The plug-in prices chunks with the latency model; the real step is the
+   number sent times the measured/predicted step ratio the plug-in reports (smoothed). Every
+   decision is made in real seconds (the step the window ran at, the ITL SLO as ceiling) and
+   sent divided by the ratio: a model that is 30% optimistic still gets steps of the intended
+   length. Between changes the number sent never rises: a ratio that drifts down (steps faster
+   than the model says) would otherwise raise the enforced step with no decision, and the
+   invariant of 2 would judge a window by a step the engine no longer runs. It falls at once when
+   the ratio rises (the safe way), and a drift down is taken up at the next growth.
 4. **Seats.** Batch decodes are never cut by the plug-in, so they grow every step: a seat is added
    only while the batch decodes in flight, plus one more, fit `DECODE_SHARE` of the target. Seats
    never take more than `1 - chat_slot_share` of the engine's sequence slots (a chat arriving at a
@@ -89,6 +93,9 @@ class _Replica:
     """What the controller remembers about one replica between decisions."""
 
     target_s: float
+    """The real step time decided at the last change."""
+    sent_s: float
+    """What the engine enforces: `target_s` over the ratio at the change, lowered since only."""
     changed_t: float
     grew_last: bool = True
     """Whether the last change was a growth (a cold start counts as one): a violation then cuts
@@ -122,20 +129,25 @@ class BudgetController:
         if not obs.fresh:
             return self._pause("stale", 0)
         if state is None or obs.t - state.last_fresh_t > self.config.stale_after_s:
-            state = self.states[obs.replica] = _Replica(self._cold_target(), obs.t)
+            cold = self._cold_target()
+            state = self.states[obs.replica] = _Replica(cold, cold, obs.t)
+            self._correct_model(state, obs)
             reason = "cold-start"
         else:
+            self._correct_model(state, obs)
             reason = self._feedback(state, obs)
         state.last_fresh_t = obs.t
-        self._correct_model(state, obs)
-        seats = self._seats(state, obs)
+        if reason in ("cold-start", "cut", "grow"):
+            state.sent_s = state.target_s / state.ratio
+        else:
+            state.sent_s = min(state.sent_s, state.target_s / state.ratio)
         return Decision(
-            batch_seats=seats,
+            batch_seats=self._seats(state, obs),
             chunk_tokens=NO_SECTION_CAP,
             pause=False,
             reason=reason,
-            predicted_step_ms=1000 * state.target_s,
-            batch_step_target_ms=1000 * state.target_s / state.ratio,
+            predicted_step_ms=1000 * state.sent_s * state.ratio,
+            batch_step_target_ms=1000 * state.sent_s,
             kv_room_tokens=self._kv_room(obs),
             idle_step_target_ms=self._idle_target_ms(state),
         )
@@ -166,28 +178,33 @@ class BudgetController:
         after_change = obs.window_s is None or obs.t - obs.window_s >= state.changed_t
         if pressure is None:
             pressure = 0.0  # no chat in the window: nothing to protect, room to grow
+        ran_s = state.sent_s * state.ratio  # the real step the window ran at
         if pressure > 1.0 and (after_change or state.grew_last):
-            state.target_s *= self.config.cut_factor
+            state.target_s = ran_s * self.config.cut_factor
             state.changed_t, state.grew_last = obs.t, False
             return "cut"
         if pressure < self.config.slack_fraction and after_change:
-            grown = self._grown(state.target_s, pressure)
-            if grown > state.target_s:
+            grown = self._grown(ran_s, pressure, obs.chat_itl_p99_s)
+            if grown > ran_s:
                 state.target_s, state.changed_t, state.grew_last = grown, obs.t, True
                 return "grow"
         return "hold"
 
-    def _grown(self, target_s: float, pressure: float) -> float:
-        """The step target after a slack window: raised by the window's headroom below the slack
-        mark, in ITL-SLO seconds, never past the ITL SLO.
+    def _grown(self, ran_s: float, pressure: float, itl_p99_s: float | None) -> float:
+        """The real step target after a slack window that ran at `ran_s`: raised by the window's
+        headroom below the slack mark, in ITL-SLO seconds, over the tail factor, never past the
+        ITL SLO.
 
-        Why the headroom itself: a chat token gap is at most one step long, so raising the step
-        target by D raises chat's ITL p99 by at most D, and one growth brings ITL to the slack
-        mark and not past it, however far below it the window was (a long document deep in its
-        prefill, a cold start). TTFT spans several steps and can grow by more; its own pressure
-        then cuts."""
+        Why: a chat token gap is one step long, so chat's ITL p99 moves with the step by the
+        steps' own tail over their mean, `tail` (the window's ITL p99 over the step it ran at; at
+        least 1). Raising the step by D raises ITL p99 by `tail` x D, and one growth brings ITL
+        to the slack mark and not past it, however far below it the window was (a long document
+        deep in its prefill, a cold start). On a quiet GPU the tail is about 1; on a busy host
+        steps of one price vary and it is larger. TTFT spans several steps and can grow by more;
+        its own pressure then cuts."""
         ceiling = self.slo.chat_itl_p99_ms / 1000
-        return min(ceiling, target_s + (self.config.slack_fraction - pressure) * ceiling)
+        tail = max(1.0, itl_p99_s / ran_s) if itl_p99_s and ran_s > 0 else 1.0
+        return min(ceiling, ran_s + (self.config.slack_fraction - pressure) * ceiling / tail)
 
     def _idle_target_ms(self, state: _Replica) -> float | None:
         """The step target while no chat is in the engine: `IDLE_TTFT_SHARE` of the TTFT SLO,
@@ -196,9 +213,8 @@ class BudgetController:
         ttft = self.slo.chat_ttft_p99_ms
         if ttft is None:
             return None
-        level = state.target_s / (self.slo.chat_itl_p99_ms / 1000)
-        idle_s = max(state.target_s, IDLE_TTFT_SHARE * ttft / 1000 * level)
-        return 1000 * idle_s / state.ratio
+        # IDLE_TTFT_SHARE of the TTFT SLO at the full target (the ITL SLO), in proportion below.
+        return 1000 * state.sent_s * max(1.0, IDLE_TTFT_SHARE * ttft / self.slo.chat_itl_p99_ms)
 
     def _cold_target(self) -> float:
         return COLD_START_SHARE * self.slo.chat_itl_p99_ms / 1000
@@ -223,7 +239,7 @@ class BudgetController:
         more = len(in_flight) + 1
         decodes = StepBatch((), obs.chat_decoding + more,
                             obs.chat_decode_context_tokens + int(more * mean_context))  # fmt: skip
-        fits = self.model.step_seconds(decodes) * state.ratio <= DECODE_SHARE * state.target_s
+        fits = self.model.step_seconds(decodes) <= DECODE_SHARE * state.sent_s  # both priced
         return min(cap, more if fits else len(in_flight))
 
     def _kv_room(self, obs: Observation) -> int | None:

@@ -82,6 +82,23 @@ def test_growth_is_the_itl_headroom_below_the_slack_mark():
     assert d.reason == "grow" and d.batch_step_target_ms == pytest.approx(cold + 0.3 * 50)
 
 
+def test_growth_is_divided_by_the_tail_of_chat_gaps_over_the_step():
+    """The engine runs at half the model's price. Between changes the target sent does not rise
+    as the ratio settles; at the growth, ITL p99 20 ms on steps of `ran` ms is a tail of 20/ran,
+    so the headroom (0.8 - 0.4) x 50 ms buys that much less step, and ITL lands at the slack mark
+    rather than the tail past it."""
+    c = controller()
+    cold = c.decide(obs(0, step_time_ratio=0.5)).batch_step_target_ms
+    for t in range(3, int(WINDOW), 3):
+        held = c.decide(obs(t, itl_ms=20, ttft_ms=100, step_time_ratio=0.5))
+        assert held.reason == "hold" and held.batch_step_target_ms == pytest.approx(cold)
+    ran_ms = held.predicted_step_ms
+    d = c.decide(obs(WINDOW, itl_ms=20, ttft_ms=100, step_time_ratio=0.5))
+    assert d.reason == "grow"
+    assert d.predicted_step_ms == pytest.approx(ran_ms + 0.4 * 50 / (20 / ran_ms), rel=0.02)
+    assert d.batch_step_target_ms == pytest.approx(d.predicted_step_ms / 0.5, rel=0.05)
+
+
 def test_a_steady_signal_in_the_hold_band_does_not_move_the_target():
     c = controller()
     c.decide(obs(0))
