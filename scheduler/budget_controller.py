@@ -16,7 +16,10 @@ controller closes the loop around it, one `decide(observation)` per replica ever
    exception is a violation right after a growth, which the growth may have caused and which is
    cut at once. Growth and cuts are therefore at most one per window (a burst of chat alone,
    which batch did not cause, cannot drive the target to zero one interval at a time), and a
-   violation that follows a growth is answered at the next decision.
+   violation that follows a growth is answered at the next decision. Once a window at the
+   current target was pressed (at or above the slack mark), growth needs slack for a whole
+   window after it: the p99s of windows at one target vary by more than the hysteresis band (a
+   shared host, the chat mix), and growing on the one lucky window among pressed ones overshoots.
 3. **Model correction.** The plug-in prices chunks with the latency model; the real step is the
    number sent times the measured/predicted step ratio the plug-in reports (smoothed). Every
    decision is made in real seconds (the step the window ran at, the ITL SLO as ceiling) and
@@ -102,6 +105,11 @@ class _Replica:
     without waiting for a window that began after the change."""
     ratio: float = 1.0
     last_fresh_t: float = -math.inf
+    pressed_t: float | None = None
+    """The last observation since the change that was at or above the slack mark (None: none)."""
+
+    def changed(self, t: float, grew: bool) -> None:
+        self.changed_t, self.grew_last, self.pressed_t = t, grew, None
 
 
 class BudgetController:
@@ -181,13 +189,20 @@ class BudgetController:
         ran_s = state.sent_s * state.ratio  # the real step the window ran at
         if pressure > 1.0 and (after_change or state.grew_last):
             state.target_s = ran_s * self.config.cut_factor
-            state.changed_t, state.grew_last = obs.t, False
+            state.changed(obs.t, grew=False)
             return "cut"
-        if pressure < self.config.slack_fraction and after_change:
-            grown = self._grown(ran_s, pressure, obs.chat_itl_p99_s)
-            if grown > ran_s:
-                state.target_s, state.changed_t, state.grew_last = grown, obs.t, True
-                return "grow"
+        if not after_change:
+            return "hold"
+        if pressure >= self.config.slack_fraction:
+            state.pressed_t = obs.t
+            return "hold"
+        if state.pressed_t is not None and obs.t - state.pressed_t < (obs.window_s or 0.0):
+            return "hold"  # a pressed window at this target, and not yet a whole slack one since
+        grown = self._grown(ran_s, pressure, obs.chat_itl_p99_s)
+        if grown > ran_s:
+            state.target_s = grown
+            state.changed(obs.t, grew=True)
+            return "grow"
         return "hold"
 
     def _grown(self, ran_s: float, pressure: float, itl_p99_s: float | None) -> float:

@@ -82,6 +82,18 @@ def test_growth_is_the_itl_headroom_below_the_slack_mark():
     assert d.reason == "grow" and d.batch_step_target_ms == pytest.approx(cold + 0.3 * 50)
 
 
+def test_a_lucky_window_among_pressed_ones_is_no_room_to_grow():
+    """Windows at one target vary; after a pressed one, slack must last a whole window."""
+    c = controller()
+    c.decide(obs(0))
+    for t in range(3, int(WINDOW), 3):
+        c.decide(obs(t, itl_ms=45, ttft_ms=100))  # 0.9 of the SLO: in the hold band
+    assert c.decide(obs(WINDOW, itl_ms=45, ttft_ms=100)).reason == "hold"
+    for t in range(int(WINDOW) + 3, int(2 * WINDOW), 3):  # slack, for less than a window
+        assert c.decide(obs(t, itl_ms=20, ttft_ms=100)).reason == "hold"
+    assert c.decide(obs(2 * WINDOW, itl_ms=20, ttft_ms=100)).reason == "grow"
+
+
 def test_growth_is_divided_by_the_tail_of_chat_gaps_over_the_step():
     """The engine runs at half the model's price. Between changes the target sent does not rise
     as the ratio settles; at the growth, ITL p99 20 ms on steps of `ran` ms is a tail of 20/ran,
