@@ -136,14 +136,12 @@ class BudgetController:
         state = self.states.get(obs.replica)
         if not obs.fresh:
             return self._pause("stale", 0)
-        if state is None or obs.t - state.last_fresh_t > self.config.stale_after_s:
-            cold = self._cold_target()
-            state = self.states[obs.replica] = _Replica(cold, cold, obs.t)
-            self._correct_model(state, obs)
-            reason = "cold-start"
-        else:
-            self._correct_model(state, obs)
-            reason = self._feedback(state, obs)
+        cold = state is None or obs.t - state.last_fresh_t > self.config.stale_after_s
+        if cold:
+            target = self._cold_target()
+            state = self.states[obs.replica] = _Replica(target, target, obs.t)
+        self._correct_model(state, obs)
+        reason = "cold-start" if cold else self._feedback(state, obs)
         state.last_fresh_t = obs.t
         if reason in ("cold-start", "cut", "grow"):
             state.sent_s = state.target_s / state.ratio
