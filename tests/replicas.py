@@ -7,11 +7,25 @@ import contextlib
 import socket
 from pathlib import Path
 
+from serving.cpu_features import cpu_flags, float32_twin
 from serving.engine_config import load_engine_config
 from serving.launcher import ReplicaSet
+from serving.replica_targets import fit_path
 
 REPO = Path(__file__).resolve().parents[1]
 TINY = REPO / "engine_configs" / "cpu-tiny.yaml"
+
+
+def for_this_cpu(name: str) -> Path:
+    """`engine_configs/<name>.yaml`, or on a CPU without native bf16 its float32 twin, as `make
+    demo` picks: bf16 there takes a fallback path many times slower than the config's fit, and a
+    case that holds chat to an SLO in milliseconds would measure the fallback, not the product."""
+    return float32_twin(REPO / "engine_configs" / f"{name}.yaml", cpu_flags())
+
+
+def fit_of(config_path: Path) -> Path:
+    """The latency fit the engine config at `config_path` names."""
+    return fit_path(config_path, load_engine_config(config_path))
 
 
 def free_port_block(count: int) -> int:

@@ -15,15 +15,14 @@ from pipelines.corpus_maker import CorpusSpec, make_corpus, write_corpus
 from serving.engine_config import load_engine_config
 from serving.launcher import ReplicaSet
 from serving.tokenizer import tokenizer_for
-from tests.replicas import free_port_block
+from tests.replicas import fit_of, for_this_cpu, free_port_block
 
 # A timing comparison: on a host where other work takes the CPU, chat alone already misses any
 # tight SLO and the contrast drowns in noise, so it runs on demand (`make bench-check`), not in CI.
 pytestmark = [pytest.mark.engine, pytest.mark.slow, pytest.mark.benchmark]
 
-REPO = Path(__file__).resolve().parents[2]
-SMALL = REPO / "engine_configs" / "cpu-small.yaml"
-FIT = REPO / "engine_configs" / "fits" / "cpu-small.json"
+SMALL = for_this_cpu("cpu-small")
+FIT = fit_of(SMALL)
 
 
 def test_gate_holds_chat_slo_where_uncontrolled_breaks_it(tmp_path: Path) -> None:

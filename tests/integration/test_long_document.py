@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from pathlib import Path
 
 import httpx
 import pyarrow as pa
@@ -21,14 +20,13 @@ from serving.engine_config import load_engine_config
 from serving.metrics import parse_metrics
 from serving.tokenizer import tokenizer_for
 from tests.integration.small_replica.test_engine_plugin import chat_for
-from tests.replicas import replica_of
+from tests.replicas import fit_of, for_this_cpu, replica_of
 from warehouse.run_files import read_table
 
 pytestmark = pytest.mark.engine
 
-REPO = Path(__file__).resolve().parents[2]
-LONG = REPO / "engine_configs" / "cpu-long.yaml"
-FIT = REPO / "engine_configs" / "fits" / "cpu-long.json"
+LONG = for_this_cpu("cpu-long")
+FIT = fit_of(LONG)
 CHAT_S = 45.0
 
 

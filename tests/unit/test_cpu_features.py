@@ -2,7 +2,7 @@
 
 from pathlib import Path
 
-from serving.cpu_features import bf16_warning, cpu_flags, lacks_native_bf16
+from serving.cpu_features import bf16_warning, cpu_flags, float32_twin, lacks_native_bf16
 from serving.engine_config import load_engine_config
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -50,3 +50,20 @@ def test_the_float32_twin_runs_the_same_model_with_the_same_engine_budget() -> N
     assert {k: twin.vllm[k] for k in same} == {k: CPU_SMALL.vllm[k] for k in same}
     assert twin.model == CPU_SMALL.model and twin.env == CPU_SMALL.env
     assert (ROOT / "engine_configs" / "fits" / "cpu-small-fp32.json").is_file()
+
+
+def test_a_bf16_config_runs_its_float32_twin_only_where_bf16_is_not_native(tmp_path: Path) -> None:
+    small = ROOT / "engine_configs" / "cpu-small.yaml"
+    assert float32_twin(small, AVX2) == small.with_name("cpu-small-fp32.yaml")
+    assert float32_twin(small, AVX2 | {"avx512_bf16"}) == small
+    assert float32_twin(small, None) == small
+    alone = tmp_path / "mine.yaml"  # no mine-fp32.yaml beside it: the config as given
+    alone.write_text(small.read_text())
+    assert float32_twin(alone, AVX2) == alone
+
+
+def test_nightshift_cpuinfo_rehearses_another_hosts_flags(tmp_path: Path, monkeypatch) -> None:
+    info = tmp_path / "avx2-host"
+    info.write_text("processor\t: 0\nflags\t\t: " + " ".join(sorted(AVX2)) + "\n")
+    monkeypatch.setenv("NIGHTSHIFT_CPUINFO", str(info))
+    assert cpu_flags() == AVX2 and lacks_native_bf16(cpu_flags())

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import pytest
 
-from tests.replicas import REPO, replica_of
+from tests.replicas import for_this_cpu, replica_of
 
-SMALL = REPO / "engine_configs" / "cpu-small.yaml"
+SMALL = for_this_cpu("cpu-small")
 
 
 @pytest.fixture(scope="package")

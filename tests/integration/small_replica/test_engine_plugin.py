@@ -14,7 +14,6 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import httpx
 import pytest
@@ -25,9 +24,9 @@ from serving.client import StreamingClient
 from serving.metrics import Histogram, histogram_delta, histogram_quantile
 from serving.plugin_sensor import status_histogram
 from serving.replica_targets import latency_model_for
+from tests.replicas import REPO, for_this_cpu
 
-REPO = Path(__file__).resolve().parents[3]
-SMALL = REPO / "engine_configs" / "cpu-small.yaml"
+SMALL = for_this_cpu("cpu-small")
 BATCH_TOKENS = 16_384
 CHAT_STREAMS = 4
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from pathlib import Path
 
 import httpx
 
@@ -19,10 +18,10 @@ from serving.engine_control import ControlTarget, read_status
 from serving.metrics import histogram_delta, histogram_quantile
 from serving.plugin_sensor import status_histogram
 from tests.integration.small_replica.test_engine_plugin import BATCH_TOKENS, chat_for
+from tests.replicas import fit_of, for_this_cpu
 
-REPO = Path(__file__).resolve().parents[3]
-SMALL = REPO / "engine_configs" / "cpu-small.yaml"
-FIT = REPO / "engine_configs" / "fits" / "cpu-small.json"
+SMALL = for_this_cpu("cpu-small")
+FIT = fit_of(SMALL)
 SLO_ = SLO(chat_itl_p99_ms=40.0, chat_ttft_p99_ms=500.0, window_s=5.0)
 RUN_S = 40.0
 
