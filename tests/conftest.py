@@ -3,6 +3,7 @@ the whole session (started by the first test that asks for it)."""
 
 from __future__ import annotations
 
+import signal
 from pathlib import Path
 
 import pytest
@@ -12,6 +13,12 @@ from serving.launcher import ReplicaSet
 from tests.replicas import TINY, free_port_block
 
 REPO = Path(__file__).resolve().parents[1]
+
+if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+    # A suite started in the background (`make test &`) ignores SIGINT, and every command it
+    # starts would inherit that: the Ctrl-C cases would send a signal nobody hears. A handler,
+    # unlike an ignored signal, is reset to the default in each command the suite starts.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @pytest.fixture(scope="session")
