@@ -20,6 +20,11 @@ controller closes the loop around it, one `decide(observation)` per replica ever
    current target was pressed (at or above the slack mark), growth needs slack for a whole
    window after it: the p99s of windows at one target vary by more than the hysteresis band (a
    shared host, the chat mix), and growing on the one lucky window among pressed ones overshoots.
+   After a cut, growth also never passes the point where the line through the window that broke
+   the SLO and the window it grows from reaches the slack mark (`_toward_break`): chat's pressure
+   is convex in the step (a longer step also queues more chat behind it), so that line lies
+   above the curve between them, and growth from well below a known break stops short of it
+   instead of extrapolating past it. The break is remembered for `BREAK_MEMORY_WINDOWS`.
 3. **Model correction.** The plug-in prices chunks with the latency model; the real step is the
    number sent times the measured/predicted step ratio the plug-in reports (smoothed). Every
    decision is made in real seconds (the step the window ran at, the ITL SLO as ceiling) and
@@ -63,6 +68,9 @@ DECODE_SHARE = 0.5
 IDLE_TTFT_SHARE = 0.25
 """Share of the TTFT SLO a step may take while no chat is in the engine (at the full target): a
 chat that arrives during it waits at most that long before its whole prompt is scheduled."""
+BREAK_MEMORY_WINDOWS = 4
+"""Windows after a cut during which the step that broke the SLO bounds growth: a measurement of
+chat's load, which holds for minutes but not for a night; once it lapses, growth probes past it."""
 RATIO_SMOOTHING = 0.3
 """Weight of a new measured/predicted step ratio in the running estimate."""
 RATIO_BOUNDS = (0.25, 4.0)
@@ -107,6 +115,8 @@ class _Replica:
     last_fresh_t: float = -math.inf
     pressed_t: float | None = None
     """The last observation since the change that was at or above the slack mark (None: none)."""
+    broke: tuple[float, float, float] | None = None
+    """(t, real step, pressure) of the last window that was cut for breaking the SLO."""
 
     def changed(self, t: float, grew: bool) -> None:
         self.changed_t, self.grew_last, self.pressed_t = t, grew, None
@@ -186,6 +196,7 @@ class BudgetController:
             pressure = 0.0  # no chat in the window: nothing to protect, room to grow
         ran_s = state.sent_s * state.ratio  # the real step the window ran at
         if pressure > 1.0 and (after_change or state.grew_last):
+            state.broke = (obs.t, ran_s, pressure)
             state.target_s = ran_s * self.config.cut_factor
             state.changed(obs.t, grew=False)
             return "cut"
@@ -197,6 +208,7 @@ class BudgetController:
         if state.pressed_t is not None and obs.t - state.pressed_t < (obs.window_s or 0.0):
             return "hold"  # a pressed window at this target, and not yet a whole slack one since
         grown = self._grown(ran_s, pressure, obs.chat_itl_p99_s)
+        grown = min(grown, self._toward_break(state, obs, ran_s, pressure))
         if grown > ran_s:
             state.target_s = grown
             state.changed(obs.t, grew=True)
@@ -218,6 +230,24 @@ class BudgetController:
         ceiling = self.slo.chat_itl_p99_ms / 1000
         tail = max(1.0, itl_p99_s / ran_s) if itl_p99_s and ran_s > 0 else 1.0
         return min(ceiling, ran_s + (self.config.slack_fraction - pressure) * ceiling / tail)
+
+    def _toward_break(
+        self, state: _Replica, obs: Observation, ran_s: float, pressure: float
+    ) -> float:
+        """The step where the line through (`ran_s`, `pressure`) and the remembered break reaches
+        the slack mark; infinity without a break to aim below (none, lapsed, or not above this
+        window on both axes). Repeated, it settles on the slack mark from below: each growth
+        draws the line again from a point nearer the curve."""
+        if state.broke is None:
+            return math.inf
+        t, broke_s, broke_p = state.broke
+        if obs.t - t > BREAK_MEMORY_WINDOWS * (obs.window_s or 0.0):
+            state.broke = None
+            return math.inf
+        if broke_s <= ran_s or broke_p <= pressure:
+            return math.inf
+        slope = (broke_p - pressure) / (broke_s - ran_s)
+        return ran_s + (self.config.slack_fraction - pressure) / slope
 
     def _idle_target_ms(self, state: _Replica) -> float | None:
         """The step target while no chat is in the engine: `IDLE_TTFT_SHARE` of the TTFT SLO,

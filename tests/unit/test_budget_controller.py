@@ -7,7 +7,12 @@ import random
 import pytest
 
 from scheduler.admission import BatchInFlight, Observation
-from scheduler.budget_controller import COLD_START_SHARE, BudgetController, BudgetControllerConfig
+from scheduler.budget_controller import (
+    BREAK_MEMORY_WINDOWS,
+    COLD_START_SHARE,
+    BudgetController,
+    BudgetControllerConfig,
+)
 from scheduler.latency_model import LatencyModel
 from scheduler.slo import SLO
 
@@ -109,6 +114,29 @@ def test_growth_is_divided_by_the_tail_of_chat_gaps_over_the_step():
     assert d.reason == "grow"
     assert d.predicted_step_ms == pytest.approx(ran_ms + 0.4 * 50 / (20 / ran_ms), rel=0.02)
     assert d.batch_step_target_ms == pytest.approx(d.predicted_step_ms / 0.5, rel=0.05)
+
+
+def test_after_a_cut_growth_stops_short_of_the_step_that_broke_and_probes_past_it_later():
+    """Cold start at 25 ms; a window breaks (pressure 1.2) and the step is cut to 17.5 ms. A
+    window there at pressure 0.4 would, by its own headroom, grow by 0.4 x 50 ms to 37.5 ms, past
+    the 25 ms that broke. The line through (17.5 ms, 0.4) and (25 ms, 1.2) reaches the slack mark
+    0.8 at 21.25 ms, and growth stops there. Once the break is BREAK_MEMORY_WINDOWS old, a slack
+    window grows by its headroom again, past the old break."""
+    c = controller()
+    c.decide(obs(0))
+    cut = c.decide(obs(3, itl_ms=60, ttft_ms=100))
+    assert cut.reason == "cut" and cut.batch_step_target_ms == pytest.approx(17.5)
+    for t in range(6, int(WINDOW) + 6, 3):
+        d = c.decide(obs(t, itl_ms=20, ttft_ms=100))
+    assert d.reason == "grow"
+    assert d.batch_step_target_ms == pytest.approx(17.5 + (0.8 - 0.4) * (25 - 17.5) / 0.8)
+    lapsed = 3 + BREAK_MEMORY_WINDOWS * WINDOW
+    remembered = [c.decide(obs(t, itl_ms=20, ttft_ms=100)).batch_step_target_ms
+                  for t in range(int(WINDOW) + 9, int(lapsed) + 1, 3)]  # fmt: skip
+    assert max(remembered) < 25, "each growth draws the line again, and stays below the break"
+    after = [c.decide(obs(t, itl_ms=20, ttft_ms=100)).batch_step_target_ms
+             for t in range(int(lapsed) + 3, int(lapsed + 2 * WINDOW), 3)]  # fmt: skip
+    assert max(after) > 25, "a lapsed break no longer bounds growth"
 
 
 def test_a_steady_signal_in_the_hold_band_does_not_move_the_target():
