@@ -241,10 +241,8 @@ class BudgetController:
         if state.broke is None:
             return math.inf
         t, broke_s, broke_p = state.broke
-        if obs.t - t > BREAK_MEMORY_WINDOWS * (obs.window_s or 0.0):
-            state.broke = None
-            return math.inf
-        if broke_s <= ran_s or broke_p <= pressure:
+        lapsed = obs.t - t > BREAK_MEMORY_WINDOWS * (obs.window_s or 0.0)
+        if lapsed or broke_s <= ran_s or broke_p <= pressure:
             return math.inf
         slope = (broke_p - pressure) / (broke_s - ran_s)
         return ran_s + (self.config.slack_fraction - pressure) / slope
