@@ -11,6 +11,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from serving.cpu_features import float32_name
+
 CONFIGS = Path("engine_configs")
 
 
@@ -21,9 +23,8 @@ class Demo:
     name: str
     """Run ids start with it, and the corpus goes under `results/<name>/`."""
     config: str
-    """Engine config stem under `engine_configs/`; its fit is `fits/<stem>.json`."""
-    config_fp32: str
-    """The float32 twin, for a CPU without native bf16 (serving/cpu_features.py)."""
+    """Engine config stem under `engine_configs/`; its fit is `fits/<stem>.json`. Its float32
+    twin, for a CPU without native bf16, is `<stem>-fp32` (serving/cpu_features.py)."""
     docs: int
     min_tokens: int
     max_tokens: int
@@ -39,7 +40,6 @@ class Demo:
 SHORT = Demo(
     name="demo-short",
     config="cpu-small",
-    config_fp32="cpu-small-fp32",
     docs=16,
     min_tokens=1500,
     max_tokens=8000,
@@ -53,7 +53,6 @@ mission's scale run on the long-context stand-in, in `LONG`."""
 LONG = Demo(
     name="demo",
     config="cpu-long",
-    config_fp32="cpu-long-fp32",
     docs=3,
     min_tokens=78_000,
     max_tokens=82_000,
@@ -106,7 +105,7 @@ def host_config(
     grant chunks that break chat's SLO, the very thing the demo is there to show it does not do.
     Fitting takes a few minutes of its own and needs a quiet host, so rather than fit silently
     inside a ten-minute demo, a missing fit is refused with the command that makes it."""
-    name = demo.config_fp32 if no_native_bf16 else demo.config
+    name = float32_name(demo.config) if no_native_bf16 else demo.config
     config, fit = CONFIGS / f"{name}.yaml", CONFIGS / "fits" / f"{name}.json"
     if not exists(fit):
         why = f" (no native bf16 here: {demo.config}'s float32 twin)" if no_native_bf16 else ""

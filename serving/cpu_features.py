@@ -62,9 +62,14 @@ def bf16_warning(config: EngineConfig, flags: frozenset[str] | None) -> str | No
     )
 
 
+def float32_name(name: str) -> str:
+    """The name of config `name`'s float32 twin."""
+    return f"{name}-fp32"
+
+
 def float32_twin(config_path: Path, flags: frozenset[str] | None) -> Path:
     """The config to run on a CPU with `flags`: `config_path`, or where the CPU lacks native bf16
     its float32 twin `<stem>-fp32.yaml` beside it, if there is one. The twin names its own
     latency fit (`latency_fit:`), so the controller prices the steps the twin really runs."""
-    twin = config_path.with_name(f"{config_path.stem}-fp32{config_path.suffix}")
+    twin = config_path.with_name(float32_name(config_path.stem) + config_path.suffix)
     return twin if lacks_native_bf16(flags) and twin.is_file() else config_path
