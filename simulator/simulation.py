@@ -10,7 +10,6 @@ for the answers it is owed: no chat request is cut off just because the clock ra
 from __future__ import annotations
 
 import math
-import random
 from collections.abc import Callable
 
 from scheduler.admission import AdmissionPolicy, Decision
@@ -58,7 +57,7 @@ class Simulation:
         ]
         self.by_name = {r.name: r for r in self.replicas}
         self.policies = {r.name: policy_factory(r.name) for r in self.replicas}
-        self.sessions = ChatSessions(cfg.chat, random.Random(cfg.seed))
+        self.sessions = ChatSessions(cfg.chat, cfg.seed)
         if trace is None and cfg.chat.trace:
             trace = scale_trace(read_trace(cfg.chat.trace), speedup=cfg.chat.trace_speedup)
         self.trace = trace or []
@@ -143,7 +142,7 @@ class Simulation:
         if session is None or not ok or session.turns_left <= 0:
             return []
         self.sessions.record_answer(session, req)
-        return [TurnSubmit(self.now + self.sessions.think_time_s(), session)]
+        return [TurnSubmit(self.now + self.sessions.think_time_s(session), session)]
 
     def admit_batch(self, replica: Replica) -> list[Event]:
         """Submit whatever batch work `replica`'s current caps allow."""

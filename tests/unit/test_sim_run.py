@@ -85,6 +85,27 @@ def test_a_seed_fixes_the_run_and_another_seed_changes_it():
     assert a != c
 
 
+def test_at_one_seed_every_policy_serves_the_same_chat_users():
+    """Batch slows chat's answers, which moves follow-up turns later, but the users, their turns
+    and their lengths stay those of the seed: chat alone is a baseline for the same load."""
+
+    def chats(policy) -> dict:
+        result = simulate(config(seed=5, batch={"docs": 60}), LinearSteps(), policy)
+        return {r.request_id: r for r in result.sim.recorder.records if r.cls == "chat"}
+
+    alone, busy = chats(static(0, 1)), chats(static(4, 4000))
+    common = alone.keys() & busy.keys()
+    assert len(common) >= 0.95 * max(len(alone), len(busy))
+    for rid in common:
+        a, b = alone[rid], busy[rid]
+        assert (a.prompt_tokens, a.output_tokens) == (b.prompt_tokens, b.output_tokens)
+        if rid.endswith("-1"):  # a session's first turn waits on nothing a policy changes
+            assert a.t_submit == b.t_submit
+    assert any(busy[rid].ttft_s > 1.5 * alone[rid].ttft_s for rid in common), (
+        "batch at 4 seats should slow some chat, or this compares nothing"
+    )
+
+
 def test_token_gaps_are_one_fewer_than_the_tokens_of_each_request():
     result = simulate(config(), LinearSteps(), static(2, 1024))
     rec = result.sim.recorder

@@ -3,8 +3,6 @@ reader has its own tests (test_sim_trace.py)."""
 
 from __future__ import annotations
 
-import random
-
 import pytest
 
 from scheduler.admission import Decision
@@ -15,7 +13,7 @@ from simulator.workloads import ChatSessions
 
 def test_turns_resend_system_prompt_context_and_the_whole_history():
     cfg = ChatWorkload(rate=1.0, system_prompt_tokens=600, context_tokens=400)
-    sessions = ChatSessions(cfg, random.Random(1))
+    sessions = ChatSessions(cfg, 1)
     s = sessions.new_session()
     first = sessions.next_turn(s, 0.0)
     first.output_tokens = first.max_output
@@ -32,7 +30,7 @@ def test_turns_resend_system_prompt_context_and_the_whole_history():
 
 def test_retrieval_per_turn_changes_the_context_every_turn():
     cfg = ChatWorkload(rate=1.0, retrieval_per_turn=True)
-    sessions = ChatSessions(cfg, random.Random(1))
+    sessions = ChatSessions(cfg, 1)
     s = sessions.new_session()
     a, b = sessions.next_turn(s, 0.0), sessions.next_turn(s, 1.0)
     assert a.segments[1].key != b.segments[1].key
@@ -40,7 +38,7 @@ def test_retrieval_per_turn_changes_the_context_every_turn():
 
 def test_session_lengths_and_arrivals_have_the_configured_means():
     cfg = ChatWorkload(rate=6.0, turns_mean=3.0)
-    sessions = ChatSessions(cfg, random.Random(7))
+    sessions = ChatSessions(cfg, 7)
     turns = [sessions.new_session().turns_left for _ in range(4000)]
     gaps = [sessions.session_gap_s() for _ in range(4000)]
     assert sum(turns) / len(turns) == pytest.approx(3.0, rel=0.05)
