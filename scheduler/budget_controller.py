@@ -25,6 +25,10 @@ controller closes the loop around it, one `decide(observation)` per replica ever
    is convex in the step (a longer step also queues more chat behind it), so that line lies
    above the curve between them, and growth from well below a known break stops short of it
    instead of extrapolating past it. The break is remembered for `BREAK_MEMORY_WINDOWS`.
+   Growth also needs a window in which the target bound (anti-windup): a window whose engine
+   steps ran at the target in no more than `1 - ITL_QUANTILE` of its steps has a chat ITL p99 that
+   no step at the target reached, so it says nothing about a larger target (chat alone before the
+   backlog arrives, documents still on their way to the engine, batch only decoding).
 3. **Model correction.** The plug-in prices chunks with the latency model; the real step is the
    number sent times the measured/predicted step ratio the plug-in reports (smoothed). Every
    decision is made in real seconds (the step the window ran at, the ITL SLO as ceiling) and
@@ -68,6 +72,8 @@ DECODE_SHARE = 0.5
 IDLE_TTFT_SHARE = 0.25
 """Share of the TTFT SLO a step may take while no chat is in the engine (at the full target): a
 chat that arrives during it waits at most that long before its whole prompt is scheduled."""
+ITL_QUANTILE = 0.99
+"""The quantile of chat's token gaps the ITL SLO is stated at."""
 BREAK_MEMORY_WINDOWS = 4
 """Windows after a cut during which the step that broke the SLO bounds growth: a measurement of
 chat's load, which holds for minutes but not for a night; once it lapses, growth probes past it."""
@@ -207,6 +213,9 @@ class BudgetController:
             return "hold"
         if state.pressed_t is not None and obs.t - state.pressed_t < (obs.window_s or 0.0):
             return "hold"  # a pressed window at this target, and not yet a whole slack one since
+        bound = obs.target_bound_share
+        if bound is not None and bound <= 1 - ITL_QUANTILE:
+            return "hold"  # the target did not bind: the window measured chat without it
         grown = self._grown(ran_s, pressure, obs.chat_itl_p99_s)
         grown = min(grown, self._toward_break(state, obs, ran_s, pressure))
         if grown > ran_s:

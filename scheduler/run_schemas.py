@@ -85,6 +85,7 @@ DECISIONS = pa.schema(
         ("prefill_budget_tokens", pa.int64()),
         ("batch_step_target_ms", pa.float64()),
         ("kv_room_tokens", pa.int64()),
+        ("observed_target_bound_share", pa.float64()),
     ]
 )
 
@@ -102,6 +103,7 @@ ENGINE_STEPS = pa.schema(
         ("batch_prefill_tokens", pa.int64()),
         ("batch_tokens_per_step", pa.float64()),
         ("chat_itl_p99_s", pa.float64()),
+        ("target_bound_steps", pa.int64()),
     ]
 )
 

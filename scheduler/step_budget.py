@@ -17,6 +17,10 @@ Invariants of every grant:
 - a grant smaller than `min_chunk_tokens` is 0 unless it ends the prefill: a tiny chunk deep in a
   prompt pays for re-reading the whole prefix and moves the prompt almost nowhere.
 
+`target_bound` says whether the target cut any grant of the step short of what the prompt, the
+room and the engine's caps allowed: whether the step ran *at* the target. A controller learns what
+a target does to chat only from windows in which it bound (`BudgetController`).
+
 The engine plug-in (`serving/engine_site/`), the simulator's engine and the planner all call
 `StepBudget.grant`, so the simulator models the plug-in exactly.
 """
@@ -106,6 +110,8 @@ class StepBudget:
         self._decode_seqs = fixed.decode_seqs
         self._decode_context = fixed.decode_context_tokens
         self.granted_tokens = 0
+        self.target_bound = False
+        """Whether the target (or `min_chunk_tokens` under it) held a grant below its cap."""
 
     def batch(self) -> StepBatch:
         """The step as composed so far."""
@@ -119,25 +125,33 @@ class StepBudget:
         """Prefill tokens `prefill` gets this step (invariants in the module docstring), at most
         `limit` (what the engine's other caps allow); the grant becomes part of the step, so later
         grants see it."""
-        tokens = self._largest_fitting(prefill, limit)
+        untargeted = self._untargeted(prefill, limit)
+        tokens = self._largest_fitting(prefill, untargeted)
         if tokens < self.min_chunk_tokens and tokens < prefill.remaining_tokens:
             tokens = 0
+        self.target_bound |= tokens < untargeted
         if tokens:
             self._prefills.append(PrefillChunk(tokens, prefill.prefix_tokens))
             self.room -= tokens
             self.granted_tokens += tokens
         return tokens
 
-    def _largest_fitting(self, prefill: BatchPrefill, limit: int | None) -> int:
+    def _untargeted(self, prefill: BatchPrefill, limit: int | None) -> int:
+        """The grant the target aside: the prompt's rest if it fits the room and the engine's
+        caps, else the most whole blocks that do."""
         remaining = prefill.remaining_tokens
-        cap = min(remaining, self.room, remaining if limit is None else limit)
-        if cap <= 0:
+        cap = max(0, min(remaining, self.room, remaining if limit is None else limit))
+        return cap if cap == remaining else cap - cap % self.block_size
+
+    def _largest_fitting(self, prefill: BatchPrefill, untargeted: int) -> int:
+        remaining = prefill.remaining_tokens
+        if untargeted <= 0:
             return 0
-        if cap == remaining and self._fits(remaining, prefill.prefix_tokens):
+        if untargeted == remaining and self._fits(remaining, prefill.prefix_tokens):
             return remaining
         # Step time never falls as a chunk grows (non-negative coefficients), so the fitting
-        # block multiples are a prefix of 1..cap//block: binary search for the last one.
-        lo, hi = 0, cap // self.block_size
+        # block multiples are a prefix of 1..untargeted//block: binary search for the last one.
+        lo, hi = 0, untargeted // self.block_size
         while lo < hi:
             mid = (lo + hi + 1) // 2
             if self._fits(mid * self.block_size, prefill.prefix_tokens):

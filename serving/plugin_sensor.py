@@ -40,6 +40,9 @@ def window_figures(newer: dict, older: dict) -> dict:
                            status_histogram(older, "chat_ttft_seconds"))  # fmt: skip
     batch_prefill = a["batch_prefill_tokens"] - b["batch_prefill_tokens"]
     batch_steps = a["batch_prefill_steps"] - b["batch_prefill_steps"]
+    # A plug-in from before the count reports none: the share is then unknown, not 0.
+    key = "target_bound_steps"
+    bound = a[key] - b[key] if key in a and key in b else None
     return {
         "steps": steps,
         "chat_itl_p99_s": histogram_quantile(itl, 0.99),
@@ -48,6 +51,8 @@ def window_figures(newer: dict, older: dict) -> dict:
         "mean_step_s": (a["measured_s"] - b["measured_s"]) / steps if steps else None,
         "batch_prefill_tokens": batch_prefill,
         "batch_tokens_per_step": batch_prefill / batch_steps if batch_steps else 0.0,
+        "target_bound_steps": bound,
+        "target_bound_share": bound / steps if bound is not None and steps else None,
     }
 
 
@@ -101,6 +106,7 @@ class PluginStatusSensor:
             chat_itl_p99_s=f["chat_itl_p99_s"],
             chat_ttft_p99_s=f["chat_ttft_p99_s"],
             step_time_ratio=f["step_time_ratio"],
+            target_bound_share=f["target_bound_share"],
             window_s=t - start["written_at"],
         )
 
@@ -128,4 +134,5 @@ class PluginStatusSensor:
             "batch_prefill_tokens": f["batch_prefill_tokens"],
             "batch_tokens_per_step": f["batch_tokens_per_step"],
             "chat_itl_p99_s": f["chat_itl_p99_s"],
+            "target_bound_steps": f["target_bound_steps"],
         })  # fmt: skip

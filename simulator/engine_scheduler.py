@@ -41,6 +41,8 @@ class ScheduledStep:
     decodes: list[Request] = field(default_factory=list)
     prefills: list[tuple[Request, int]] = field(default_factory=list)
     batch: StepBatch | None = None
+    target_bound: bool = False
+    """Whether the plug-in's target held a batch prefill back (`StepBudget.target_bound`)."""
 
     def unschedule(self, req: Request) -> int:
         """Drop `req` from the step (it was preempted); returns the tokens given back."""
@@ -115,6 +117,7 @@ class EngineScheduler:
             self._schedule_waiting(step, budget)
         if not step.decodes and not step.prefills:
             return None
+        step.target_bound = self._step_budget is not None and self._step_budget.target_bound
         step.batch = StepBatch(
             tuple(PrefillChunk(n, r.num_computed) for r, n in step.prefills),
             len(step.decodes),

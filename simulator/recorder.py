@@ -91,6 +91,7 @@ class Recorder:
                 "prefill_budget_tokens": d.prefill_budget_tokens,
                 "batch_step_target_ms": d.batch_step_target_ms,
                 "kv_room_tokens": d.kv_room_tokens,
+                "observed_target_bound_share": obs.target_bound_share,
             }
         )
 

@@ -109,6 +109,7 @@ class Replica:
         self.steps += 1
         iv = self.sensor.current
         iv.steps.append(dt)
+        iv.target_bound_steps += self.step.target_bound
         iv.chat_gaps.extend(outcome.chat_gaps)
         iv.chat_ttfts.extend(now - r.arrival for r in outcome.first_tokens if r.cls == "chat")
         return outcome

@@ -24,6 +24,7 @@ class Interval:
     chat_gaps: list[float] = field(default_factory=list)
     chat_ttfts: list[float] = field(default_factory=list)
     steps: list[float] = field(default_factory=list)
+    target_bound_steps: int = 0
     preemptions: int = 0
 
 
@@ -45,9 +46,12 @@ class ReplicaSensor:
         step_time_ratio: float | None = None,
     ) -> Observation:
         """The observation at `t`; starts a fresh interval afterwards. `step_time_ratio` is the
-        measured over predicted step time the replica's plug-in reports (None: no plug-in)."""
+        measured over predicted step time the replica's plug-in reports (None: no plug-in, and
+        then no share of steps at the target either)."""
         self.window.append(self.current)
         self.current = Interval(t_start=t)
+        steps = sum(len(iv.steps) for iv in self.window)
+        bound = sum(iv.target_bound_steps for iv in self.window)
         gaps = [g for iv in self.window for g in iv.chat_gaps]
         ttfts = [x for iv in self.window for x in iv.chat_ttfts]
         chat_decoding = [r for r in running if r.cls == "chat" and r.output_tokens > 0]
@@ -69,6 +73,7 @@ class ReplicaSensor:
             ),
             step_samples_s=tuple(s for iv in self.window for s in iv.steps),
             step_time_ratio=step_time_ratio,
+            target_bound_share=bound / steps if step_time_ratio is not None and steps else None,
             window_s=t - self.window[0].t_start,
         )
 

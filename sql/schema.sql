@@ -115,6 +115,9 @@ CREATE TABLE IF NOT EXISTS decisions (
 ALTER TABLE decisions ADD COLUMN IF NOT EXISTS prefill_budget_tokens BIGINT;
 ALTER TABLE decisions ADD COLUMN IF NOT EXISTS batch_step_target_ms DOUBLE;
 ALTER TABLE decisions ADD COLUMN IF NOT EXISTS kv_room_tokens BIGINT;
+-- Share of the window's engine steps that ran at the batch step target (the target held a batch
+-- prefill back): growth is judged only by windows in which the target bound.
+ALTER TABLE decisions ADD COLUMN IF NOT EXISTS observed_target_bound_share DOUBLE;
 
 -- The engine plug-in's status between two reads (serving/plugin_sensor.py): engine steps, their
 -- mean measured time and its ratio to the latency model's prediction, batch prefill tokens per
@@ -133,6 +136,8 @@ CREATE TABLE IF NOT EXISTS engine_steps (
     batch_tokens_per_step DOUBLE,
     chat_itl_p99_s DOUBLE
 );
+-- Steps in which the target held a batch prefill back (ran at the target); null for old runs.
+ALTER TABLE engine_steps ADD COLUMN IF NOT EXISTS target_bound_steps BIGINT;
 
 -- Rollups: latency percentiles per SLO window and per class, computed once per load so that the
 -- views answer in milliseconds however many nights the warehouse holds. Percentiles in ms.

@@ -142,7 +142,7 @@ def case_change(folder: Path) -> dict:
     second = step(s)["batch"]
     send(folder, 3, 0.0, pause=True)
     paused = step(s).get("batch", 0)
-    return {"first": first, "second": second, "paused": paused}
+    return {"first": first, "second": second, "paused": paused, "status": _status(s, folder)}
 
 
 def case_expiry(folder: Path) -> dict:

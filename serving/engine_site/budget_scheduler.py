@@ -100,6 +100,8 @@ class _Plugin:
         self.last_token: dict[str, float] = {}
         self.held_back = False
         """Whether this step's budget granted a batch prefill nothing."""
+        self.target_bound = False
+        """Whether this step's target held a batch prefill back (`StepBudget.target_bound`)."""
         self.engine: object | None = None
         self.input_arrived: Callable[[float], bool] | None = None
         self.engine_looked_up = False
@@ -140,7 +142,7 @@ class _Plugin:
     def begin_step(self, sched) -> None:
         self.step_started = time.monotonic()
         self.budget = None
-        self.held_back = False
+        self.held_back = self.target_bound = False
         self.directive = self.channel.directive() if self.channel else None
         d = self.directive
         if d is None:
@@ -169,6 +171,7 @@ class _Plugin:
             return num_new_tokens
         granted = self.budget.grant(BatchPrefill(num_computed_tokens, left), limit=num_new_tokens)
         self.held_back |= granted == 0
+        self.target_bound = self.budget.target_bound
         return granted
 
     # -- a step that held back everything: wait for something to change (`idle_hold`) ---------
@@ -233,6 +236,7 @@ class _Plugin:
                 rec.batch_prefill += n if batch else 0
                 rec.chat_prefill += 0 if batch else n
         rec.step = StepBatch(tuple(chunks), decodes, context)
+        rec.target_bound = self.target_bound
         if self.directive is not None:
             rec.model_s = self.directive.model.step_seconds(rec.step)
             rec.predicted_s = rec.model_s * self.scale()

@@ -72,6 +72,9 @@ class Totals:
     chat_decode_tokens: int = 0
     batch_prefill_steps: int = 0
     """Steps that carried at least one batch prefill chunk."""
+    target_bound_steps: int = 0
+    """Steps in which the batch step target held a batch prefill below what vLLM would schedule:
+    the steps that ran at the target (`StepBudget.target_bound`)."""
     measured_s: float = 0.0
     predicted_s: float = 0.0
     predicted_steps: int = 0
@@ -92,6 +95,8 @@ class StepRecord:
     batch_decode: int = 0
     chat_prefill: int = 0
     chat_decode: int = 0
+    target_bound: bool = False
+    """Whether the batch step target held a batch prefill back in this step."""
     predicted_s: float | None = None
     """The model's prediction times the plug-in's current scale (what the budget sized to)."""
     model_s: float | None = None
@@ -126,6 +131,7 @@ class EngineStatus:
             t.chat_prefill_tokens += rec.chat_prefill
             t.chat_decode_tokens += rec.chat_decode
             t.batch_prefill_steps += rec.batch_prefill > 0
+            t.target_bound_steps += rec.target_bound
             t.measured_s += measured_s
             t.max_measured_s = max(t.max_measured_s, measured_s)
             if rec.predicted_s is not None:

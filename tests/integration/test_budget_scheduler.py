@@ -75,6 +75,11 @@ def test_a_new_document_applies_on_the_next_step_and_pause_stops_batch_prefill(s
     c = seen["change"]
     assert 0 < c["first"] < c["second"] <= 512
     assert c["paused"] == 0
+    # Steps the target held back are counted (the first, the second if under the step's 512
+    # tokens); a paused step holds nothing back, it sizes nothing.
+    totals = c["status"]["totals"]
+    assert totals["steps"] == 3
+    assert totals["target_bound_steps"] == 1 + (c["second"] < 512)
 
 
 def test_expiry_pauses_batch_prefill_while_decodes_and_chat_go_on(seen):

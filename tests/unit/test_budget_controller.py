@@ -10,6 +10,7 @@ from scheduler.admission import BatchInFlight, Observation
 from scheduler.budget_controller import (
     BREAK_MEMORY_WINDOWS,
     COLD_START_SHARE,
+    ITL_QUANTILE,
     BudgetController,
     BudgetControllerConfig,
 )
@@ -85,6 +86,25 @@ def test_growth_is_the_itl_headroom_below_the_slack_mark():
     # Pressure 0.5 (ITL 25 of 50 ms): raised by (0.8 - 0.5) x 50 ms, so ITL lands at the mark.
     d = c.decide(obs(WINDOW, itl_ms=25, ttft_ms=100))
     assert d.reason == "grow" and d.batch_step_target_ms == pytest.approx(cold + 0.3 * 50)
+
+
+def test_growth_waits_for_a_window_in_which_the_target_bound():
+    """Anti-windup: chat alone before the backlog arrives is slack, but no step ran at the target,
+    so the window says nothing of a larger one; a violation still cuts, bound or not."""
+    c = controller()
+    cold = c.decide(obs(0)).batch_step_target_ms
+    quiet = {"itl_ms": 25, "ttft_ms": 100}
+    for t in range(3, 10 * int(WINDOW), 3):
+        d = c.decide(obs(t, target_bound_share=0.0, **quiet))
+        assert d.reason == "hold" and d.batch_step_target_ms == cold
+    t = 10 * int(WINDOW)
+    assert c.decide(obs(t, target_bound_share=1 - ITL_QUANTILE, **quiet)).reason == "hold"
+    assert c.decide(obs(t + 3, target_bound_share=0.3, **quiet)).reason == "grow"
+    assert c.decide(obs(t + 6, itl_ms=60, target_bound_share=0.0)).reason == "cut"
+    # A sensor that cannot tell (no plug-in status) leaves growth to the latency feedback alone.
+    unknown = controller()
+    reasons = [unknown.decide(obs(t, **quiet)).reason for t in range(0, int(WINDOW) + 1, 3)]
+    assert reasons[-1] == "grow"
 
 
 def test_a_lucky_window_among_pressed_ones_is_no_room_to_grow():

@@ -74,8 +74,8 @@ def trace_csv(tmp_path_factory) -> Path:
 def test_controller_holds_chat_itl_under_poisson_chat_while_batch_progresses(seed):
     result = run({"rate": 5.0}, seed=seed)
     assert itl_windows_met(result) >= 0.99
-    docs, tokens_per_s = batch_progress(result)
-    assert docs >= 3 and tokens_per_s > 500
+    docs, _ = batch_progress(result)
+    assert docs >= 3, "three whole 80k-token documents in the eleven minutes after the backlog"
     targets = {d["batch_step_target_ms"] for d in result.sim.recorder.decisions}
     assert len(targets) > 3, "it steered the step target"
 

@@ -12,6 +12,7 @@ from simulator.fleet import (
     FleetError,
     FleetSearch,
     Probe,
+    batch_run,
     budget_engine,
     judged,
     largest_document,
@@ -100,9 +101,28 @@ def test_a_search_on_the_simulator_adds_a_replica_and_documents_beside_chat():
     chosen = next(p for p in plan.probes if (p.replicas, p.budget) == (2, plan.budget))
     assert plan.replicas == 2 and chosen.verdict == "holds"
     assert 0 < chosen.kv_peak_tokens == plan.document.chat_peak_tokens
-    assert plan.batch.slo_held and plan.batch.preemptions == 0
-    assert plan.batch.docs_per_night > 0
+    assert plan.batch.preemptions == 0 and plan.batch.docs_per_night > 0
     assert plan.batch.slo_prefill_tokens_per_s <= plan.batch.prefill_tokens_per_s
+    # A batch run that missed a window says so; how often it holds is the next test's question.
+    assert plan.batch.slo_held or any("held the SLO in only" in w for w in plan.warnings)
+
+
+def test_the_slo_controller_holds_the_planned_fleet_under_most_seeds():
+    """Six judged 5 s windows per run: one chat burst can break one, so the claim is over seeds."""
+    held = 0
+    for seed in range(10):
+        search = FleetSearch(
+            base=base().model_copy(update={"seed": seed}),
+            model=Steps(),
+            minutes=0.5,
+            warmup_minutes=0.25,
+            doc_tokens=8000,
+            max_replicas=3,
+        )
+        run = batch_run(search, 2, 160)
+        assert run.docs_done > 0 and run.preemptions == 0
+        held += run.slo_held
+    assert held >= 8
 
 
 def test_the_prefill_cap_follows_a_budget_it_equalled_and_otherwise_stays():

@@ -72,6 +72,24 @@ def test_the_engines_own_cap_limits_a_grant():
     assert budget.grant(BatchPrefill(0, 150), limit=150) == 150
 
 
+def test_the_budget_says_whether_its_target_held_a_grant_back():
+    """Only a step the target shortened ran at the target; room, caps and block rounding do not
+    count, and neither does a step with no batch prefill in it."""
+
+    def bound(target_s: float, prefill: BatchPrefill, room: int = 4096, limit=None) -> bool:
+        budget = StepBudget(MODEL, target_s, room, CHAT)
+        budget.grant(prefill, limit=limit)
+        return budget.target_bound
+
+    deep = BatchPrefill(78_000, 2_000)
+    assert bound(0.040, deep)
+    assert bound(MODEL.step_seconds(CHAT) * 0.99, deep), "a grant of 0 under the target is bound"
+    assert not bound(10.0, deep), "the whole rest fits"
+    assert not bound(10.0, BatchPrefill(0, 10_000), room=100), "room binds, whole blocks"
+    assert not bound(10.0, BatchPrefill(0, 10_000), limit=200), "the engine's cap binds"
+    assert not StepBudget(MODEL, 0.001, 4096, CHAT).target_bound
+
+
 @pytest.mark.parametrize("priority,batch", [(0, False), (1, True), (10, True)])
 def test_priority_above_chat_is_batch(priority, batch):
     assert is_batch(priority) is batch
