@@ -233,11 +233,16 @@ class EngineScheduler:
         for req in reqs:
             if step is not None:
                 step.unschedule(req)
-            self.kv.free(req)
+            self.kv.free(req, self._evicts_first(req))
         self.running = [r for r in self.running if id(r) not in gone]
         self._heap = [e for e in self._heap if id(e[3]) not in gone]
         heapq.heapify(self._heap)
         self._fifo = deque(r for r in self._fifo if id(r) not in gone)
+
+    def _evicts_first(self, req: Request) -> bool:
+        """Whether `req`'s freed blocks go before every other cached block: a finished batch
+        request's, while the plug-in steers (`serving/engine_site/batch_eviction.py`)."""
+        return req.cls == "batch" and self.batch_target is not None
 
     def _victim(self) -> Request:
         if self.by_priority:
@@ -285,7 +290,7 @@ class EngineScheduler:
                 finished.append(req)
         if finished:
             for req in finished:
-                kv.free(req)
+                kv.free(req, self._evicts_first(req))
             self.running = [r for r in self.running if r.output_tokens < r.max_output]
         return out
 

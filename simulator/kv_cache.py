@@ -121,14 +121,18 @@ class KVCache:
             mine.append(key)
             req.private_blocks -= 1
 
-    def free(self, req: Request) -> None:
-        """Release everything `req` holds; its full blocks stay reusable until evicted."""
+    def free(self, req: Request, evict_first: bool = False) -> None:
+        """Release everything `req` holds; its full blocks stay reusable until evicted, after
+        every block freed before them or, with `evict_first`, before all of them (the engine
+        plug-in's order for a finished batch request, `serving/engine_site/batch_eviction.py`)."""
         refs, evictable = self.refs, self.evictable
-        for key in reversed(req.block_keys):
+        for key in req.block_keys if evict_first else reversed(req.block_keys):
             n = refs[key] - 1
             refs[key] = n
             if n == 0:
                 evictable[key] = None
+                if evict_first:  # head first, so that the prompt's tail ends up evicted first
+                    evictable.move_to_end(key, last=False)
         self.free_blocks += req.private_blocks
         req.block_keys = []
         req.held_blocks = req.private_blocks = 0

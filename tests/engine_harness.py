@@ -37,7 +37,7 @@ from tests.budget_fixtures import BATCH_PROMPT, BLOCK, CHAT_PROMPT, MODEL, STEP_
 BUDGET = STEP_TOKENS
 
 
-def make(cls: type, folder: Path | None):
+def make(cls: type, folder: Path | None, blocks: int = 8000, caching: bool = False):
     if folder is None:
         os.environ.pop(CONTROL_DIR_ENV, None)
     else:
@@ -54,11 +54,11 @@ def make(cls: type, folder: Path | None):
         policy="priority",
         is_encoder_decoder=False,
     )
-    cache = CacheConfig(block_size=BLOCK, cache_dtype="auto", enable_prefix_caching=False)
-    cache.num_gpu_blocks = 8000
+    cache = CacheConfig(block_size=BLOCK, cache_dtype="auto", enable_prefix_caching=caching)
+    cache.num_gpu_blocks = blocks
     config = VllmConfig(scheduler_config=sched, model_config=model, cache_config=cache)
     spec = FullAttentionSpec(block_size=BLOCK, num_kv_heads=1, head_size=16, dtype=torch.float32)
-    kv = KVCacheConfig(8000, [], [KVCacheGroupSpec(["layer"], spec)])
+    kv = KVCacheConfig(blocks, [], [KVCacheGroupSpec(["layer"], spec)])
     return cls(
         vllm_config=config,
         kv_cache_config=kv,
@@ -68,10 +68,14 @@ def make(cls: type, folder: Path | None):
     )
 
 
-def request(rid: str, prompt: int, priority: int, max_tokens: int = 8) -> Request:
+def request(
+    rid: str, prompt: int, priority: int, max_tokens: int = 8, first: int = 0, hasher=None
+) -> Request:
+    """A request of `prompt` tokens; prompts of different `first` share no full block."""
     return Request(
         request_id=rid,
-        prompt_token_ids=[1 + i % 1000 for i in range(prompt)],
+        prompt_token_ids=[1 + (first + i) % 1000 for i in range(prompt)],
+        block_hasher=hasher,
         sampling_params=SamplingParams(max_tokens=max_tokens, ignore_eos=True),
         pooling_params=None,
         priority=priority,
@@ -176,6 +180,32 @@ def case_garbage_first(folder: Path) -> dict:
     return {"steps": [step(s) for _ in range(2)], "status": _status(s, folder)}
 
 
+def case_eviction(folder: Path) -> dict:
+    """64 KV blocks of 16 tokens with prefix caching: a chat, then a batch document, run to their
+    end; then a second document needs more blocks than were never used, and fewer than those and
+    the first document's together. How much of the chat prompt, sent again, is still cached:
+    stock vLLM, and the plug-in with a controller in charge."""
+    from vllm.utils.hashing import sha256
+    from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
+
+    init_none_hash(sha256)
+    hasher = get_request_block_hasher(BLOCK, sha256)
+    out = {}
+    for name, cls, f in (("stock", Scheduler, None),
+                         ("plugin", budget_scheduler.BudgetScheduler, folder)):  # fmt: skip
+        s = make(cls, f, blocks=64, caching=True)
+        if f is not None:
+            send(f, 1, 1000.0)  # a target no step reaches: only the eviction order differs
+        for rid, tokens, prio, first in (("chat", 256, 0, 0), ("doc", 480, 10, 300),
+                                         ("doc2", 640, 10, 600)):  # fmt: skip
+            s.add_request(request(rid, tokens, prio, max_tokens=2, first=first, hasher=hasher))
+            while s.requests.get(rid) is not None:
+                step(s)
+        again = request("chat-again", 256, 0, max_tokens=2, hasher=hasher)
+        out[name] = s.kv_cache_manager.get_computed_blocks(again)[1]
+    return out
+
+
 def case_canary(folder: Path) -> dict:
     """Every vLLM internal the plug-in relies on (budget_scheduler's docstring), by name,
     signature and call site; a list of what changed, empty when nothing did."""
@@ -213,6 +243,21 @@ def case_canary(folder: Path) -> dict:
                  "parallel_config"):  # fmt: skip
         if not hasattr(s, attr):
             problems.append(f"Scheduler has no attribute {attr!r}")
+    pool = s.kv_cache_manager.block_pool
+    for owner, attrs in ((pool, ("enable_caching", "free_block_queue")),
+                         (pool.free_block_queue, ("remove", "prepend_n")),
+                         (pool.free_block_queue.fake_free_list_head.next_free_block,
+                          ("ref_cnt", "is_null", "prev_free_block"))):  # fmt: skip
+        for attr in attrs:
+            if not hasattr(owner, attr):
+                problems.append(f"{type(owner).__name__} has no attribute {attr!r}")
+    if not hasattr(s.kv_cache_manager.get_blocks("none"), "blocks"):
+        problems.append("KVCacheManager.get_blocks(...) has no .blocks")
+    free = getattr(Scheduler, "_free_request_blocks", None)
+    if free is None or list(inspect.signature(free).parameters) != ["self", "request"]:
+        problems.append("Scheduler._free_request_blocks(request) is gone or changed")
+    elif "self._free_request_blocks(" not in inspect.getsource(Scheduler._free_blocks):
+        problems.append("Scheduler._free_blocks no longer frees through _free_request_blocks")
     if not hasattr(s.scheduler_config, "long_prefill_token_threshold"):
         problems.append("SchedulerConfig has no long_prefill_token_threshold")
     r = request("probe", 32, 5)

@@ -26,6 +26,9 @@ A step that schedules nothing because the plug-in held back every request there 
 the engine) waits on the engine core's input queue instead of returning at once, so the engine
 core does not loop at full speed while batch is paused; `idle_hold` states what ends the wait.
 
+While a controller is in charge, a finished batch request's KV blocks are reused before any
+block chat may hit again (`batch_eviction`).
+
 Without a control document the plug-in only observes (stock scheduling, status still written);
 see `control_channel` for expiry and rejection. Any exception inside the plug-in falls back to stock
 behaviour for that step and is logged once per place: the engine never dies because of it.
@@ -33,6 +36,7 @@ behaviour for that step and is logged once per place: the engine never dies beca
 vLLM private names this depends on (checked by the canary in `tests/integration/test_budget_scheduler.py`):
 `Scheduler.schedule`, `Scheduler._reserve_prefill_lookahead(request, num_computed_tokens,
 num_new_tokens)`, `Scheduler.update_from_output(scheduler_output, model_runner_output)`,
+`Scheduler._free_request_blocks(request)` (and the KV pool's, listed in `batch_eviction`),
 `Scheduler.running`, `.waiting` (iterable in policy order), `.requests`, `.block_size`,
 `.max_num_scheduled_tokens`, `.max_num_running_reqs`, `.policy`,
 `.scheduler_config.long_prefill_token_threshold`, `.connector`, `.parallel_config.data_parallel_size`
@@ -52,7 +56,7 @@ from pathlib import Path
 from scheduler import step_budget
 from scheduler.step import PrefillChunk, StepBatch
 from scheduler.step_budget import BatchPrefill, BatchStepTarget, InEngine, StepBudget, is_batch
-from serving.engine_site import idle_hold
+from serving.engine_site import batch_eviction, idle_hold
 from serving.engine_site.control_channel import ControlChannel, Directive
 from serving.engine_site.control_files import CONTROL_DIR_ENV, CONTROL_FILE, STATUS_FILE
 from serving.engine_site.engine_status import EngineStatus, StepRecord
@@ -316,7 +320,7 @@ def _in_engine(req) -> InEngine:
 
 
 class BudgetSchedulerMixin:
-    """The three overrides; everything else is vLLM's. Put before the vLLM class in the bases."""
+    """The overrides; everything else is vLLM's. Put before the vLLM class in the bases."""
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
@@ -366,6 +370,20 @@ class BudgetSchedulerMixin:
         except Exception as exc:  # noqa: BLE001
             plugin.once("status", exc)
         return outputs
+
+    def _free_request_blocks(self, request):
+        plugin, blocks = self._nightshift, []
+        if plugin.directive is not None and is_batch(request.priority):
+            try:
+                blocks = batch_eviction.request_blocks(self, request)
+            except Exception as exc:  # noqa: BLE001
+                plugin.once("batch blocks", exc)
+        super()._free_request_blocks(request)
+        if blocks:
+            try:
+                batch_eviction.evict_first(self, blocks)
+            except Exception as exc:  # noqa: BLE001
+                plugin.once("batch eviction order", exc)
 
 
 try:

@@ -32,6 +32,7 @@ CASES = [
     "idle",
     "hold",
     "no_engine",
+    "eviction",
 ]
 
 
@@ -150,6 +151,14 @@ def test_the_step_log_holds_every_step_as_scheduled_in_the_samples_format(seen, 
     second = samples[1].batch.prefills
     assert [(c.tokens, c.prefix_tokens) for c in second] == [(ran[1]["batch"], ran[0]["batch"])]
     assert [c.tokens for c in samples[3].batch.prefills] == [ran[3]["chat"]]
+
+
+def test_a_finished_documents_blocks_are_reused_before_a_chat_prefix(seen):
+    """Stock vLLM evicts the chat prompt's cached blocks (freed first) before a finished
+    document's; with a controller in charge the document's go first and chat's prefix survives."""
+    hits = seen["eviction"]
+    assert hits["stock"] == 0
+    assert hits["plugin"] == 256 - 16, "every full block of the chat prompt but the last"
 
 
 def test_canary_the_vllm_internals_the_plugin_relies_on_are_unchanged(seen):

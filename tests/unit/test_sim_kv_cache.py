@@ -119,6 +119,18 @@ def test_free_releases_tail_blocks_first_so_eviction_keeps_shared_beginnings():
     assert list(kv.evictable) == [keys[0]]
 
 
+def test_blocks_freed_to_evict_first_go_before_every_cached_block_tail_first():
+    """A finished batch document's blocks, under the plug-in: reused before chat's history."""
+    kv = KVCache(1600, B, prefix_caching=True)
+    chat, doc = req(("history", 48), rid="chat"), req(("doc", 48), rid="doc")
+    prefill(kv, chat)
+    prefill(kv, doc)
+    kv.free(chat)
+    kv.free(doc, evict_first=True)
+    doc_keys, chat_keys = list(doc.hashes.prompt_keys), list(chat.hashes.prompt_keys)
+    assert list(kv.evictable) == doc_keys[::-1] + chat_keys[::-1]
+
+
 def test_can_allocate_counts_hit_blocks_it_would_take_from_the_evictable_pool():
     kv = KVCache(64, B, prefix_caching=True)  # 4 blocks
     owner = req(("p", 48), rid="x")
