@@ -144,6 +144,7 @@ class EngineStatus:
         r = self._recent
         recent = {
             "steps": r.steps,
+            "target_bound_steps": r.target_bound_steps,
             "batch_prefill_tokens_per_step": r.batch_prefill_tokens / r.steps if r.steps else 0,
             "batch_prefill_tokens_per_batch_step": (
                 r.batch_prefill_tokens / r.batch_prefill_steps if r.batch_prefill_steps else 0

@@ -31,3 +31,13 @@ def test_a_status_from_before_the_count_leaves_the_share_unknown():
     status.step(StepRecord(chat_decode=4), 0.01)
     f = window_figures(document(status), older)
     assert f["target_bound_share"] is None and f["steps"] == 1
+
+
+def test_engine_status_shows_how_many_steps_of_the_last_interval_ran_at_the_target():
+    from flows.cli_engine import plugin_line
+
+    status = EngineStatus(None)
+    for bound in (True, True, False):
+        status.step(StepRecord(batch_prefill=64 * bound, chat_decode=2, target_bound=bound), 0.02)
+    line = plugin_line("r0", status.document({"state": "active", "batch_step_target_ms": 20}))
+    assert "3 steps (2 at the target)" in line and "target 20 ms" in line
