@@ -87,16 +87,17 @@ def test_no_fleet_within_the_limit_says_so_and_runs_no_batch():
     assert "raise the replica limit" in plan.warnings[0]
 
 
-def test_a_search_on_the_simulator_adds_a_replica_and_documents_beside_chat():
-    search = FleetSearch(
-        base=base(),
-        model=Steps(),
-        minutes=0.5,
-        warmup_minutes=0.25,
-        doc_tokens=8000,
+def short_search(seed: int = 0) -> FleetSearch:
+    """Half-minute runs after a quarter-minute warm-up: six judged 5 s windows each."""
+    base_cfg = base().model_copy(update={"seed": seed})
+    return FleetSearch(
+        base=base_cfg, model=Steps(), minutes=0.5, warmup_minutes=0.25, doc_tokens=8000,
         max_replicas=3,
-    )
-    plan = plan_fleet(search)
+    )  # fmt: skip
+
+
+def test_a_search_on_the_simulator_adds_a_replica_and_documents_beside_chat():
+    plan = plan_fleet(short_search())
     assert all(p.verdict != "holds" for p in plan.probes if p.replicas == 1)
     chosen = next(p for p in plan.probes if (p.replicas, p.budget) == (2, plan.budget))
     assert plan.replicas == 2 and chosen.verdict == "holds"
@@ -111,15 +112,7 @@ def test_the_slo_controller_holds_the_planned_fleet_under_most_seeds():
     """Six judged 5 s windows per run: one chat burst can break one, so the claim is over seeds."""
     held = 0
     for seed in range(10):
-        search = FleetSearch(
-            base=base().model_copy(update={"seed": seed}),
-            model=Steps(),
-            minutes=0.5,
-            warmup_minutes=0.25,
-            doc_tokens=8000,
-            max_replicas=3,
-        )
-        run = batch_run(search, 2, 160)
+        run = batch_run(short_search(seed), 2, 160)
         assert run.docs_done > 0 and run.preemptions == 0
         held += run.slo_held
     assert held >= 8
