@@ -445,7 +445,7 @@ class GateActor:
         ttl = max(MIN_CONTROL_TTL_S, CONTROL_TTL_POLLS * self.interval_s)
         doc = engine_control.decision_document(
             r.control_seq, d.batch_step_target_ms or 0.0, self.model, ttl, d.pause,
-            idle_target_ms=d.idle_step_target_ms,
+            idle_target_ms=d.idle_step_target_ms, chat_cache_horizon_s=d.chat_cache_horizon_s,
         )  # fmt: skip
         try:
             await asyncio.to_thread(engine_control.send, target, doc)
@@ -586,6 +586,7 @@ def _row(run_id: str, obs: Observation, d: Decision) -> dict:
         "batch_step_target_ms": d.batch_step_target_ms,
         "kv_room_tokens": d.kv_room_tokens,
         "observed_target_bound_share": obs.target_bound_share,
+        "observed_chat_cache_tokens": obs.chat_cache_tokens,
     }
 
 

@@ -57,6 +57,9 @@ class Observation:
     target_bound_share: float | None = None
     """Share of the window's engine steps in which the batch step target held a batch prefill
     back, so ran at the target (None: the sensor cannot tell)."""
+    chat_cache_tokens: int | None = None
+    """Chat's prefix-cache working set: KV tokens chat left cached within the decision's
+    `chat_cache_horizon_s` and not held again since (`scheduler/chat_cache.py`; None: not counted)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,6 +88,8 @@ class Decision:
     idle_step_target_ms: float | None = None
     """What the plug-in sizes batch chunks to while no chat is in the engine (None: the batch
     step target always)."""
+    chat_cache_horizon_s: float | None = None
+    """How far back the plug-in counts chat's prefix-cache working set (None: it does not)."""
 
 
 def within_prefill_budget(

@@ -42,7 +42,9 @@ controller closes the loop around it, one `decide(observation)` per replica ever
    never take more than `1 - chat_slot_share` of the engine's sequence slots (a chat arriving at a
    full engine waits whatever its priority). KV: a whole document is admitted only while its prompt
    and output fit under `kv_high_water` beside everything committed (`kv_room_tokens`, checked by
-   the admitter at every grant), so an admitted 80k-token document is never preempted.
+   the admitter at every grant), so an admitted 80k-token document is never preempted; chat's
+   prefix-cache working set counts as committed (`scheduler/chat_cache.py`), so the histories
+   chat sessions come back to within `chat_cache_horizon_s` stay cached beside batch.
 5. **Idle steps.** While no chat request is in the engine there is no gap to protect, only the
    wait of a chat that arrives during a step: the plug-in then sizes to the idle target,
    `IDLE_TTFT_SHARE` of the TTFT SLO scaled by the same feedback (`_idle_target_ms`), and the
@@ -103,6 +105,10 @@ class BudgetControllerConfig(BaseModel):
         0.9, gt=0, le=1, description="KV share batch admission stays under."
     )
     stale_after_s: float = Field(15.0, gt=0, description="Longest gap between fresh observations.")
+    chat_cache_horizon_s: float = Field(
+        60.0, ge=0, description="Chat histories cached this recently keep their KV from batch "
+        "(the gap between a session's turns that 99% of returns fall within; 0: none kept)."
+    )  # fmt: skip
 
 
 @dataclass
@@ -172,6 +178,7 @@ class BudgetController:
             batch_step_target_ms=1000 * state.sent_s,
             kv_room_tokens=self._kv_room(obs),
             idle_step_target_ms=self._idle_target_ms(state),
+            chat_cache_horizon_s=self.config.chat_cache_horizon_s,
         )
 
     def is_stale(self, replica: str, t: float) -> bool:
@@ -294,14 +301,18 @@ class BudgetController:
 
     def _kv_room(self, obs: Observation) -> int | None:
         """KV tokens new batch admissions may claim: under the high-water mark, beside what the
-        engine holds and what admitted batch requests will still add (prompt rest and output)."""
+        engine holds, chat's prefix-cache working set, and what admitted batch requests will still
+        add (prompt rest and output)."""
         cap = obs.kv_capacity_tokens
         if not cap or obs.kv_usage is None:
             return None
-        committed = obs.kv_usage * cap + sum(
-            b.prefill_remaining + max(0, b.output_tokens) for b in obs.batch_in_flight
+        committed = (
+            obs.kv_usage * cap
+            + (obs.chat_cache_tokens or 0)
+            + sum(b.prefill_remaining + max(0, b.output_tokens) for b in obs.batch_in_flight)
         )
         return max(0, int(self.config.kv_high_water * cap - committed))
 
     def _pause(self, reason: str, seats: int) -> Decision:
-        return Decision(seats, NO_SECTION_CAP, pause=True, reason=reason, batch_step_target_ms=0.0)
+        return Decision(seats, NO_SECTION_CAP, pause=True, reason=reason, batch_step_target_ms=0.0,
+                        chat_cache_horizon_s=self.config.chat_cache_horizon_s)  # fmt: skip

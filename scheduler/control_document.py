@@ -49,6 +49,9 @@ class ControlDocument:
     idle_step_target_ms: float | None = None
     """Step time batch chunks fit while no chat request is in the engine (absent: the batch
     step target always): a chat arriving then waits at most this long for its prompt to start."""
+    chat_cache_horizon_s: float | None = None
+    """How far back the plug-in counts chat's prefix-cache working set for its status (absent: it
+    does not count it; `scheduler/chat_cache.py`)."""
 
     def expired(self, now: float) -> bool:
         return now >= self.expires_at
@@ -56,8 +59,9 @@ class ControlDocument:
     def to_json(self) -> str:
         doc = asdict(self)
         doc["latency_model"] = self.latency_model.coefficients()
-        if doc["idle_step_target_ms"] is None:
-            del doc["idle_step_target_ms"]
+        for key in ("idle_step_target_ms", "chat_cache_horizon_s"):
+            if doc[key] is None:
+                del doc[key]
         return json.dumps({"format": FORMAT, **doc}, sort_keys=True)
 
 
@@ -70,6 +74,7 @@ _FIELDS = {
     "min_chunk_tokens": int,
     "pause": bool,
     "idle_step_target_ms": float,
+    "chat_cache_horizon_s": float,
 }
 _REQUIRED = ("seq", "expires_at", "batch_step_target_ms", "latency_model")
 
@@ -117,6 +122,7 @@ def from_dict(raw: object) -> ControlDocument:
         "batch_step_target_ms",
         "min_chunk_tokens",
         "idle_step_target_ms",
+        "chat_cache_horizon_s",
     ):
         if key in raw and not (raw[key] >= 0 and math.isfinite(raw[key])):
             raise ControlDocumentError(f"{key} must be a finite number >= 0, got {raw[key]}")
@@ -129,6 +135,9 @@ def from_dict(raw: object) -> ControlDocument:
         pause=raw.get("pause", False),
         idle_step_target_ms=(
             float(raw["idle_step_target_ms"]) if "idle_step_target_ms" in raw else None
+        ),
+        chat_cache_horizon_s=(
+            float(raw["chat_cache_horizon_s"]) if "chat_cache_horizon_s" in raw else None
         ),
     )
 

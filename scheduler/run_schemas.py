@@ -86,6 +86,7 @@ DECISIONS = pa.schema(
         ("batch_step_target_ms", pa.float64()),
         ("kv_room_tokens", pa.int64()),
         ("observed_target_bound_share", pa.float64()),
+        ("observed_chat_cache_tokens", pa.int64()),
     ]
 )
 
@@ -104,6 +105,7 @@ ENGINE_STEPS = pa.schema(
         ("batch_tokens_per_step", pa.float64()),
         ("chat_itl_p99_s", pa.float64()),
         ("target_bound_steps", pa.int64()),
+        ("chat_cache_tokens", pa.int64()),
     ]
 )
 

@@ -61,6 +61,7 @@ def decision_document(
     min_chunk_tokens: int = 0,
     now: float | None = None,
     idle_target_ms: float | None = None,
+    chat_cache_horizon_s: float | None = None,
 ) -> ControlDocument:
     """A checked control document that expires `ttl_s` after `now`."""
     now = time.time() if now is None else now
@@ -74,6 +75,8 @@ def decision_document(
     }
     if idle_target_ms is not None:
         doc["idle_step_target_ms"] = float(idle_target_ms)
+    if chat_cache_horizon_s is not None:
+        doc["chat_cache_horizon_s"] = float(chat_cache_horizon_s)
     return from_dict(doc)
 
 

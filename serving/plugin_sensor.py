@@ -108,6 +108,7 @@ class PluginStatusSensor:
             step_time_ratio=f["step_time_ratio"],
             target_bound_share=f["target_bound_share"],
             window_s=t - start["written_at"],
+            chat_cache_tokens=history[-1].get("chat_cache_tokens"),
         )
 
     def _start(self, history: deque[dict]) -> dict | None:
@@ -135,4 +136,5 @@ class PluginStatusSensor:
             "batch_tokens_per_step": f["batch_tokens_per_step"],
             "chat_itl_p99_s": f["chat_itl_p99_s"],
             "target_bound_steps": f["target_bound_steps"],
+            "chat_cache_tokens": doc.get("chat_cache_tokens"),
         })  # fmt: skip

@@ -427,6 +427,7 @@ def _merge(obs: Observation, timed: Observation | None, itl_from_state: bool) ->
         chat_e2e_p99_s=_first(timed.chat_e2e_p99_s, obs.chat_e2e_p99_s),
         step_time_ratio=_first(timed.step_time_ratio, obs.step_time_ratio),
         target_bound_share=_first(timed.target_bound_share, obs.target_bound_share),
+        chat_cache_tokens=_first(timed.chat_cache_tokens, obs.chat_cache_tokens),
         step_samples_s=steps,
         window_s=_widest(obs.window_s, timed.window_s),
     )

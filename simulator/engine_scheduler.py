@@ -18,6 +18,7 @@ import itertools
 from collections import deque
 from dataclasses import dataclass, field
 
+from scheduler.chat_cache import ChatCacheSet
 from scheduler.step import PrefillChunk, StepBatch
 from scheduler.step_budget import (
     BatchPrefill,
@@ -91,6 +92,17 @@ class EngineScheduler:
         self.batch_target: BatchStepTarget | None = None
         """The plug-in's batch step target for this replica; None: stock scheduling."""
         self._step_budget: StepBudget | None = None
+        self.chat_cache = ChatCacheSet()
+        self.chat_cache_horizon_s: float | None = None
+        """How far back chat's prefix-cache working set is counted, as the plug-in does for the
+        controller in charge (None: not counted)."""
+
+    def chat_cache_tokens(self, now: float) -> int | None:
+        """Chat's prefix-cache working set at `now` (`scheduler/chat_cache.py`), in tokens."""
+        horizon = self.chat_cache_horizon_s
+        if horizon is None:
+            return None
+        return self.chat_cache.blocks(now, horizon) * self.block_size
 
     @property
     def num_waiting(self) -> int:
@@ -213,6 +225,8 @@ class EngineScheduler:
             else:
                 self._fifo.popleft()
             kv.allocate(req, n, hits)
+            if hits and req.cls == "chat" and self.chat_cache_horizon_s is not None:
+                self.chat_cache.taken(hits)
             if req.cached_tokens is None:  # the first admission's hits, not a recompute's
                 req.cached_tokens = len(hits) * kv.block_size
             running.append(req)
@@ -289,8 +303,13 @@ class EngineScheduler:
             if req.output_tokens >= req.max_output:
                 finished.append(req)
         if finished:
+            counting = self.chat_cache_horizon_s is not None
             for req in finished:
+                keys = req.block_keys if counting and req.cls == "chat" else ()
                 kv.free(req, self._evicts_first(req))
+                if keys:
+                    refs = kv.refs
+                    self.chat_cache.left((k for k in keys if refs.get(k) == 0), now)
             self.running = [r for r in self.running if r.output_tokens < r.max_output]
         return out
 

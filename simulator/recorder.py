@@ -92,6 +92,7 @@ class Recorder:
                 "batch_step_target_ms": d.batch_step_target_ms,
                 "kv_room_tokens": d.kv_room_tokens,
                 "observed_target_bound_share": obs.target_bound_share,
+                "observed_chat_cache_tokens": obs.chat_cache_tokens,
             }
         )
 

@@ -44,10 +44,12 @@ class ReplicaSensor:
         waiting: list[Request],
         kv_capacity_tokens: int | None = None,
         step_time_ratio: float | None = None,
+        chat_cache_tokens: int | None = None,
     ) -> Observation:
         """The observation at `t`; starts a fresh interval afterwards. `step_time_ratio` is the
         measured over predicted step time the replica's plug-in reports (None: no plug-in, and
-        then no share of steps at the target either)."""
+        then no share of steps at the target either); `chat_cache_tokens` chat's prefix-cache
+        working set as the plug-in counts it (None: not counted)."""
         self.window.append(self.current)
         self.current = Interval(t_start=t)
         steps = sum(len(iv.steps) for iv in self.window)
@@ -75,6 +77,7 @@ class ReplicaSensor:
             step_time_ratio=step_time_ratio,
             target_bound_share=bound / steps if step_time_ratio is not None and steps else None,
             window_s=t - self.window[0].t_start,
+            chat_cache_tokens=chat_cache_tokens,
         )
 
 

@@ -162,11 +162,13 @@ class Simulation:
             obs = replica.sensor.observe(
                 self.now, replica.name, kv.usage, engine.running, engine.waiting(),
                 kv.num_blocks * kv.block_size, plug_in_ratio(engine),
+                engine.chat_cache_tokens(self.now),
             )  # fmt: skip
             decision = self.policies[replica.name].decide(obs)
             self.recorder.decision(obs, decision)
             self.dispatcher.set_decision(replica.name, decision)
             engine.batch_target = plug_in_target(decision, replica.model)
+            engine.chat_cache_horizon_s = decision.chat_cache_horizon_s
             follow.extend(self.admit_batch(replica))
         return follow
 

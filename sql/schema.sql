@@ -118,6 +118,8 @@ ALTER TABLE decisions ADD COLUMN IF NOT EXISTS kv_room_tokens BIGINT;
 -- Share of the window's engine steps that ran at the batch step target (the target held a batch
 -- prefill back): growth is judged only by windows in which the target bound.
 ALTER TABLE decisions ADD COLUMN IF NOT EXISTS observed_target_bound_share DOUBLE;
+-- Chat's prefix-cache working set the KV guard kept room for (scheduler/chat_cache.py).
+ALTER TABLE decisions ADD COLUMN IF NOT EXISTS observed_chat_cache_tokens BIGINT;
 
 -- The engine plug-in's status between two reads (serving/plugin_sensor.py): engine steps, their
 -- mean measured time and its ratio to the latency model's prediction, batch prefill tokens per
@@ -138,6 +140,8 @@ CREATE TABLE IF NOT EXISTS engine_steps (
 );
 -- Steps in which the target held a batch prefill back (ran at the target); null for old runs.
 ALTER TABLE engine_steps ADD COLUMN IF NOT EXISTS target_bound_steps BIGINT;
+-- Chat's prefix-cache working set the plug-in counted when it wrote the status; null for old runs.
+ALTER TABLE engine_steps ADD COLUMN IF NOT EXISTS chat_cache_tokens BIGINT;
 
 -- Rollups: latency percentiles per SLO window and per class, computed once per load so that the
 -- views answer in milliseconds however many nights the warehouse holds. Percentiles in ms.

@@ -96,8 +96,17 @@ def step(s) -> dict[str, int]:
     return dict(out.num_scheduled_tokens)
 
 
-def send(folder: Path, seq: int, target_ms: float, ttl_s: float = 60.0, pause: bool = False):
-    doc = engine_control.decision_document(seq, target_ms, MODEL, ttl_s, pause)
+def send(
+    folder: Path,
+    seq: int,
+    target_ms: float,
+    ttl_s: float = 60.0,
+    pause: bool = False,
+    horizon_s: float | None = None,
+):
+    doc = engine_control.decision_document(
+        seq, target_ms, MODEL, ttl_s, pause, chat_cache_horizon_s=horizon_s
+    )
     engine_control.send(engine_control.ControlTarget("harness", folder=folder), doc)
     time.sleep(0.03)  # one poll interval of the plug-in
 
@@ -206,6 +215,42 @@ def case_eviction(folder: Path) -> dict:
     return out
 
 
+def case_chat_cache(folder: Path) -> dict:
+    """Chat's prefix-cache working set in the status, with prefix caching: none counted without
+    a horizon; a finished 256-token chat's full blocks; what is left while the same prompt, sent
+    again, holds them; a finished batch document adds nothing; a horizon of 0 counts nothing."""
+    from vllm.utils.hashing import sha256
+    from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
+
+    init_none_hash(sha256)
+    hasher = get_request_block_hasher(BLOCK, sha256)
+    s = make(budget_scheduler.BudgetScheduler, folder, blocks=256, caching=True)
+    seen = {}
+
+    def run(rid: str, tokens: int, prio: int, first: int) -> None:
+        s.add_request(request(rid, tokens, prio, max_tokens=2, first=first, hasher=hasher))
+        while s.requests.get(rid) is not None:
+            step(s)
+
+    send(folder, 1, 1000.0)
+    run("chat0", 256, 0, 700)
+    seen["no horizon"] = _status(s, folder)["chat_cache_tokens"]
+    send(folder, 2, 1000.0, horizon_s=600.0)
+    run("chat", 256, 0, 0)
+    seen["chat left"] = _status(s, folder)["chat_cache_tokens"]
+    s.add_request(request("again", 256, 0, max_tokens=2, hasher=hasher))
+    step(s)
+    seen["held again"] = _status(s, folder)["chat_cache_tokens"]
+    while s.requests.get("again") is not None:
+        step(s)
+    run("doc", 480, 10, 300)
+    seen["after a document"] = _status(s, folder)["chat_cache_tokens"]
+    send(folder, 3, 1000.0, horizon_s=0.0)
+    step(s)
+    seen["horizon 0"] = _status(s, folder)["chat_cache_tokens"]
+    return seen
+
+
 def case_canary(folder: Path) -> dict:
     """Every vLLM internal the plug-in relies on (budget_scheduler's docstring), by name,
     signature and call site; a list of what changed, empty when nothing did."""
@@ -247,7 +292,8 @@ def case_canary(folder: Path) -> dict:
     for owner, attrs in ((pool, ("enable_caching", "free_block_queue")),
                          (pool.free_block_queue, ("remove", "prepend_n")),
                          (pool.free_block_queue.fake_free_list_head.next_free_block,
-                          ("ref_cnt", "is_null", "prev_free_block"))):  # fmt: skip
+                          ("ref_cnt", "is_null", "prev_free_block", "block_id",
+                           "block_hash"))):  # fmt: skip
         for attr in attrs:
             if not hasattr(owner, attr):
                 problems.append(f"{type(owner).__name__} has no attribute {attr!r}")
@@ -265,6 +311,12 @@ def case_canary(folder: Path) -> dict:
                  "num_output_tokens", "arrival_time", "is_finished"):  # fmt: skip
         if not hasattr(r, attr):
             problems.append(f"Request has no attribute {attr!r}")
+    s.add_request(request("new", 32, 0))
+    news = getattr(s.schedule(), "scheduled_new_reqs", None)
+    if not news or not all(hasattr(news[0], a) for a in ("req_id", "block_ids")):
+        problems.append("SchedulerOutput.scheduled_new_reqs[...] lacks .req_id or .block_ids")
+    elif not all(isinstance(g, list) for g in news[0].block_ids):
+        problems.append("NewRequestData.block_ids is no longer one list of ids per KV group")
     for prio in (10, 0, 5):
         s.add_request(request(f"q{prio}", 32, prio))
     order = [q.priority for q in s.waiting]

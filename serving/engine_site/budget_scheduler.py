@@ -27,7 +27,8 @@ the engine) waits on the engine core's input queue instead of returning at once,
 core does not loop at full speed while batch is paused; `idle_hold` states what ends the wait.
 
 While a controller is in charge, a finished batch request's KV blocks are reused before any
-block chat may hit again (`batch_eviction`).
+block chat may hit again (`batch_eviction`), and the status counts chat's prefix-cache working set
+over the horizon the control document names (`chat_blocks`, `scheduler.chat_cache`).
 
 Without a control document the plug-in only observes (stock scheduling, status still written);
 see `control_channel` for expiry and rejection. Any exception inside the plug-in falls back to stock
@@ -54,9 +55,10 @@ from collections.abc import Callable
 from pathlib import Path
 
 from scheduler import step_budget
+from scheduler.chat_cache import ChatCacheSet
 from scheduler.step import PrefillChunk, StepBatch
 from scheduler.step_budget import BatchPrefill, BatchStepTarget, InEngine, StepBudget, is_batch
-from serving.engine_site import batch_eviction, idle_hold
+from serving.engine_site import batch_eviction, chat_blocks, idle_hold
 from serving.engine_site.control_channel import ControlChannel, Directive
 from serving.engine_site.control_files import CONTROL_DIR_ENV, CONTROL_FILE, STATUS_FILE
 from serving.engine_site.engine_status import EngineStatus, StepRecord
@@ -106,6 +108,8 @@ class _Plugin:
         """Whether this step's budget granted a batch prefill nothing."""
         self.target_bound = False
         """Whether this step's target held a batch prefill back (`StepBudget.target_bound`)."""
+        self.chat_cache = ChatCacheSet()
+        self.block_size = sched.block_size
         self.engine: object | None = None
         self.input_arrived: Callable[[float], bool] | None = None
         self.engine_looked_up = False
@@ -139,7 +143,18 @@ class _Plugin:
             "batch_step_target_ms": 1000 * d.target_s if d else None,
             "rejected": ch.rejected if ch else 0,
             "last_rejection": ch.last_rejection if ch else None,
+            "chat_cache_tokens": self.chat_cache_tokens(),
         }
+
+    def cache_horizon(self) -> float | None:
+        """How far back chat's prefix-cache working set is counted now (None: not counted)."""
+        return self.directive.chat_cache_horizon_s if self.directive is not None else None
+
+    def chat_cache_tokens(self) -> int | None:
+        horizon = self.cache_horizon()
+        if horizon is None:
+            return None
+        return self.chat_cache.blocks(time.monotonic(), horizon) * self.block_size
 
     # -- before vLLM schedules: the chat reservation and this step's budget --------------------
 
@@ -241,6 +256,8 @@ class _Plugin:
                 rec.chat_prefill += 0 if batch else n
         rec.step = StepBatch(tuple(chunks), decodes, context)
         rec.target_bound = self.target_bound
+        if self.cache_horizon() is not None:
+            self.chat_cache.taken(chat_blocks.taken_by_new_chat(sched, output))
         if self.directive is not None:
             rec.model_s = self.directive.model.step_seconds(rec.step)
             rec.predicted_s = rec.model_s * self.scale()
@@ -373,17 +390,23 @@ class BudgetSchedulerMixin:
 
     def _free_request_blocks(self, request):
         plugin, blocks = self._nightshift, []
-        if plugin.directive is not None and is_batch(request.priority):
+        batch = is_batch(request.priority)
+        if plugin.directive is not None and (batch or plugin.cache_horizon() is not None):
             try:
                 blocks = batch_eviction.request_blocks(self, request)
             except Exception as exc:  # noqa: BLE001
-                plugin.once("batch blocks", exc)
+                plugin.once("freed blocks", exc)
         super()._free_request_blocks(request)
-        if blocks:
+        if blocks and batch:
             try:
                 batch_eviction.evict_first(self, blocks)
             except Exception as exc:  # noqa: BLE001
                 plugin.once("batch eviction order", exc)
+        elif blocks:
+            try:
+                plugin.chat_cache.left(chat_blocks.left_cached(blocks), time.monotonic())
+            except Exception as exc:  # noqa: BLE001
+                plugin.once("chat cache", exc)
 
 
 try:

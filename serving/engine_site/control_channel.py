@@ -49,6 +49,8 @@ class Directive:
     min_chunk_tokens: int
     idle_target_s: float | None = None
     """Target of steps with no chat in the engine (`scheduler.step_budget.BatchStepTarget`)."""
+    chat_cache_horizon_s: float | None = None
+    """How far back chat's prefix-cache working set is counted (None: it is not)."""
 
     @property
     def sizing(self) -> bool:
@@ -102,6 +104,7 @@ class ControlChannel:
         return Directive(
             state, doc.seq, doc.batch_step_target_ms / 1000.0, doc.latency_model,
             doc.min_chunk_tokens, None if idle is None else idle / 1000.0,
+            doc.chat_cache_horizon_s,
         )  # fmt: skip
 
     def _poll(self) -> None:

@@ -33,6 +33,7 @@ CASES = [
     "hold",
     "no_engine",
     "eviction",
+    "chat_cache",
 ]
 
 
@@ -159,6 +160,18 @@ def test_a_finished_documents_blocks_are_reused_before_a_chat_prefix(seen):
     hits = seen["eviction"]
     assert hits["stock"] == 0
     assert hits["plugin"] == 256 - 16, "every full block of the chat prompt but the last"
+
+
+def test_the_status_counts_the_blocks_chat_left_cached_until_chat_holds_them_again(seen):
+    """The KV guard's view of chat's prefix-cache working set (scheduler/chat_cache.py)."""
+    cache = seen["chat_cache"]
+    assert cache["no horizon"] is None, "counted only over a horizon the controller names"
+    assert cache["chat left"] == 256, "the finished chat's 16 full blocks"
+    assert cache["held again"] == 16, "all but the last block, which vLLM computes again"
+    # The prompt sent again left its blocks, with its own copy of the block vLLM computed again
+    # (vLLM keeps both); the document that ran after it added none of its own.
+    assert cache["after a document"] == 256 + 16
+    assert cache["horizon 0"] == 0
 
 
 def test_canary_the_vllm_internals_the_plugin_relies_on_are_unchanged(seen):

@@ -215,11 +215,26 @@ def test_the_kv_room_never_lets_a_document_past_the_high_water_mark():
             for p in (rng.randint(1000, 80_000) for _ in range(rng.randint(0, 6)))
         )
         usage = rng.random() * 0.95
-        d = c.decide(obs(3 * i, kv_usage=usage, kv_capacity_tokens=cap, batch_in_flight=in_flight))
+        chat_cache = rng.choice([None, rng.randint(0, cap // 2)])
+        d = c.decide(obs(3 * i, kv_usage=usage, kv_capacity_tokens=cap, batch_in_flight=in_flight,
+                         chat_cache_tokens=chat_cache))  # fmt: skip
         committed = usage * cap + sum(b.prefill_remaining + b.output_tokens for b in in_flight)
+        committed += chat_cache or 0
         doc = rng.randint(1000, 90_000)
         if doc <= d.kv_room_tokens:
             assert committed + doc <= 0.9 * cap + 1
+
+
+def test_a_document_waits_while_it_would_evict_chats_cached_histories():
+    """Room beside what the engine holds is not room beside the histories chat comes back to."""
+    c = controller(kv_high_water=0.9, chat_cache_horizon_s=45.0)
+    cap, doc = 468_000, 82_000
+    alone = c.decide(obs(0, kv_usage=0.4, kv_capacity_tokens=cap))
+    assert alone.kv_room_tokens >= doc, "beside what the engine holds, it fits"
+    beside = c.decide(obs(3, kv_usage=0.4, kv_capacity_tokens=cap, chat_cache_tokens=200_000))
+    assert beside.kv_room_tokens < doc
+    assert beside.chat_cache_horizon_s == 45.0, "the plug-in is told how far back to count"
+    assert c.decide(obs(6, fresh=False)).chat_cache_horizon_s == 45.0, "and still while paused"
 
 
 def test_the_idle_target_is_a_share_of_the_ttft_slo_and_moves_with_feedback():

@@ -29,6 +29,9 @@ def test_round_trip():
     assert "idle_step_target_ms" not in json.loads(parsed.to_json())
     idle = control_document.parse(json.dumps({**doc(), "idle_step_target_ms": 250}))
     assert control_document.parse(idle.to_json()).idle_step_target_ms == 250.0
+    assert parsed.chat_cache_horizon_s is None and "chat_cache_horizon_s" not in parsed.to_json()
+    kept = control_document.parse(json.dumps({**doc(), "chat_cache_horizon_s": 60}))
+    assert control_document.parse(kept.to_json()).chat_cache_horizon_s == 60.0
     assert parsed.latency_model.coefficients() == MODEL.coefficients()
     assert parsed.expired(1060.0) and not parsed.expired(1059.9)
 
@@ -46,6 +49,7 @@ def test_round_trip():
         ({"format": "other/9"}, "format 'other/9'"),
         ({"idle_step_target_ms": -5}, "idle_step_target_ms must be a finite number >= 0"),
         ({"idle_step_target_ms": None}, "idle_step_target_ms must be float"),
+        ({"chat_cache_horizon_s": -1}, "chat_cache_horizon_s must be a finite number >= 0"),
     ],
 )
 def test_bad_fields_are_named(over, named):

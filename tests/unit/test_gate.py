@@ -245,6 +245,7 @@ def test_decisions_are_recorded_and_exported_on_the_metrics_port(gates):
         "observed_ttft_p99_s", "observed_kv_usage", "predicted_step_ms", "reason",
         "prefill_budget_tokens", "batch_step_target_ms", "kv_room_tokens",
         "observed_target_bound_share",
+        "observed_chat_cache_tokens",
     }  # fmt: skip
     r0 = [r for r in rows if r["replica"] == "r0"][-1]
     assert r0["observed_itl_p99_s"] == 0.012 and r0["observed_kv_usage"] == 0.3

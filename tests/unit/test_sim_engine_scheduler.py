@@ -169,3 +169,27 @@ def test_abort_removes_requests_from_queue_step_and_memory():
     assert b not in eng.running and b not in eng.waiting()
     eng.complete(s, 1.0)
     assert eng.kv.used_blocks == eng.kv.blocks_for(a.num_computed + 1)
+
+
+def test_chats_cache_working_set_is_what_finished_chats_left_until_a_chat_hits_it():
+    """The simulated plug-in counts what the real one does (scheduler/chat_cache.py)."""
+    eng = engine(max_num_batched_tokens=4096)
+    history = (Segment("system", 480), Segment("turn 1", 320))
+    assert eng.chat_cache_tokens(0.0) is None, "no horizon from a controller: nothing counted"
+    eng.chat_cache_horizon_s = 60.0
+    first = Request("a", "chat", "chat", 0, 0.0, history, 2, "o1")
+    eng.add(first)
+    step(eng, 1.0)
+    step(eng, 2.0)  # its second token: done, its 50 full blocks left in the cache
+    assert eng.chat_cache_tokens(2.0) == 800
+    doc = request("doc", 640, output=1, cls="batch")
+    eng.add(doc)
+    step(eng, 3.0)
+    assert eng.chat_cache_tokens(3.0) == 800, "a finished document is not chat's"
+    turn = Request("b", "chat", "chat", 0, 30.0, history + (Segment("turn 2", 40),), 2, "o2")
+    eng.add(turn)
+    step(eng, 31.0)
+    assert eng.chat_cache_tokens(31.0) == 0, "the next turn holds the whole history again"
+    step(eng, 32.0)
+    assert eng.chat_cache_tokens(32.0) == 832
+    assert eng.chat_cache_tokens(92.5) == 0, "left more than the horizon ago"
