@@ -139,6 +139,7 @@ def plugin_line(name: str, doc: dict) -> str:
     target = doc.get("batch_step_target_ms")
     applies = doc.get("state", "?") + ("" if target is None else f", target {target:g} ms")
     p99 = histogram_quantile(status_histogram(doc, "chat_itl_seconds"), 0.99)
+    cache = doc.get("chat_cache_tokens")
     return (
         f"{name}: plug-in {applies} (seq {doc.get('control_seq')}, {doc.get('rejected', 0)} "
         f"rejected); last interval {recent.get('steps', 0)} steps "
@@ -147,6 +148,7 @@ def plugin_line(name: str, doc: dict) -> str:
         f" (predicted {ms(recent.get('mean_predicted_ms'))}), batch "
         f"{recent.get('batch_prefill_tokens_per_batch_step', 0):.0f} tokens per batch step; "
         f"chat ITL p99 {ms(None if p99 is None else 1000 * p99)} since start"
+        + ("" if cache is None else f"; chat's cached histories {cache} tokens")
     )
 
 

@@ -41,3 +41,26 @@ def test_engine_status_shows_how_many_steps_of_the_last_interval_ran_at_the_targ
         status.step(StepRecord(batch_prefill=64 * bound, chat_decode=2, target_bound=bound), 0.02)
     line = plugin_line("r0", status.document({"state": "active", "batch_step_target_ms": 20}))
     assert "3 steps (2 at the target)" in line and "target 20 ms" in line
+
+
+def test_chats_cached_histories_reach_the_controller_and_engine_status(tmp_path):
+    """The newest status's count, not a difference: it is a size, not a counter."""
+    import asyncio
+    import json
+
+    from flows.cli_engine import plugin_line
+    from serving.engine_control import ControlTarget
+    from serving.engine_site.control_files import STATUS_FILE
+    from serving.plugin_sensor import PluginStatusSensor
+
+    clock = iter([100.0, 101.0])
+    status = EngineStatus(None, wall=lambda: next(clock))
+    sensor = PluginStatusSensor({"r0": ControlTarget("r0", folder=tmp_path)})
+    for tokens in (4096, 2048):
+        status.step(StepRecord(chat_decode=4), 0.02)
+        doc = status.document({"state": "active", "chat_cache_tokens": tokens})
+        (tmp_path / STATUS_FILE).write_text(json.dumps(doc))
+        seen = asyncio.run(sensor.observe())
+    assert seen["r0"].chat_cache_tokens == 2048
+    assert sensor.step_rows[-1]["chat_cache_tokens"] == 2048
+    assert "chat's cached histories 2048 tokens" in plugin_line("r0", doc)
