@@ -1,55 +1,28 @@
 """The SLO controller: feedback on the one number the engine enforces, the batch step target.
 
-Inside each replica the engine plug-in sizes every batch prefill chunk, every step, so that the
-step's predicted time with that step's real chat load and the chunk's real prefix position fits
-the batch step target (`scheduler/step_budget.py`): the feed-forward half lives there. This
-controller closes the loop around it, one `decide(observation)` per replica every few seconds:
+The engine plug-in sizes every batch prefill chunk, every step, to fit the batch step target
+beside that step's real chat load (`scheduler/step_budget.py`): the feed-forward half. This
+controller closes the loop around it, one `decide(observation)` per replica every few seconds.
+The invariants it keeps (docs/design.md §7 says why each holds):
 
-1. **Fail safe.** An observation the sensor could not take, or none for `stale_after_s`, pauses
-   batch: the controller never steers blind (the plug-in also pauses itself when its control
-   document expires, for a controller that died).
-2. **Feedback on chat's pressure**, the worst of window p99 ITL, TTFT and (when set) E2E over their
-   SLOs. Above 1 the step target is cut by `cut_factor`; below `slack_fraction` it grows toward
-   the slack mark (`_grown`); in between it holds (hysteresis). Invariant: a decision is
-   judged only by windows that began after it. A window reaching back before the last change
-   mixes the old target in, so then the controller neither grows nor cuts again; the one
-   exception is a violation right after a growth, which the growth may have caused and which is
-   cut at once. Growth and cuts are therefore at most one per window (a burst of chat alone,
-   which batch did not cause, cannot drive the target to zero one interval at a time), and a
-   violation that follows a growth is answered at the next decision. Once a window at the
-   current target was pressed (at or above the slack mark), growth needs slack for a whole
-   window after it: the p99s of windows at one target vary by more than the hysteresis band (a
-   shared host, the chat mix), and growing on the one lucky window among pressed ones overshoots.
-   After a cut, growth also never passes the point where the line through the window that broke
-   the SLO and the window it grows from reaches the slack mark (`_toward_break`): chat's pressure
-   is convex in the step (a longer step also queues more chat behind it), so that line lies
-   above the curve between them, and growth from well below a known break stops short of it
-   instead of extrapolating past it. The break is remembered for `BREAK_MEMORY_WINDOWS`.
-   Growth also needs a window in which the target bound (anti-windup): a window whose engine
-   steps ran at the target in no more than `1 - ITL_QUANTILE` of its steps has a chat ITL p99 that
-   no step at the target reached, so it says nothing about a larger target (chat alone before the
-   backlog arrives, documents still on their way to the engine, batch only decoding).
-3. **Model correction.** The plug-in prices chunks with the latency model; the real step is the
-   number sent times the measured/predicted step ratio the plug-in reports (smoothed). Every
-   decision is made in real seconds (the step the window ran at, the ITL SLO as ceiling) and
-   sent divided by the ratio: a model that is 30% optimistic still gets steps of the intended
-   length. Between changes the number sent never rises: a ratio that drifts down (steps faster
-   than the model says) would otherwise raise the enforced step with no decision, and the
-   invariant of 2 would judge a window by a step the engine no longer runs. It falls at once when
-   the ratio rises (the safe way), and a drift down is taken up at the next growth.
-4. **Seats.** Batch decodes are never cut by the plug-in, so they grow every step: a seat is added
-   only while the batch decodes in flight, plus one more, fit `DECODE_SHARE` of the target. Seats
-   never take more than `1 - chat_slot_share` of the engine's sequence slots (a chat arriving at a
-   full engine waits whatever its priority). KV: a whole document is admitted only while its prompt
-   and output fit under `kv_high_water` beside everything committed (`kv_room_tokens`, checked by
-   the admitter at every grant), so an admitted 80k-token document is never preempted; chat's
-   prefix-cache working set counts as committed (`scheduler/chat_cache.py`), so the histories
-   chat sessions come back to within `chat_cache_horizon_s` stay cached beside batch.
-5. **Idle steps.** While no chat request is in the engine there is no gap to protect, only the
-   wait of a chat that arrives during a step: the plug-in then sizes to the idle target,
-   `IDLE_TTFT_SHARE` of the TTFT SLO scaled by the same feedback (`_idle_target_ms`), and the
-   arriving prompt is reserved whole in the next step. A night's quiet hours run batch at the
-   engine's full step budget instead of at chat's.
+1. **Fail safe.** No fresh observation for `stale_after_s`: batch pauses; it never steers blind.
+2. **Feedback on chat's pressure** (the worst of window ITL, TTFT and E2E p99 over their SLOs):
+   above 1 the step is cut by `cut_factor`, below `slack_fraction` it grows to the slack mark
+   (`_grown`), in between it holds. A decision is judged only by windows that began after it
+   (except a violation right after a growth, cut at once), so at most one change per window.
+   Growth needs a whole slack window after any pressed one at the same target, a window in
+   which the target bound (anti-windup: more than `1 - ITL_QUANTILE` of its steps ran at the
+   target), and stops short of a recent break (`_toward_break`).
+3. **Model correction.** Decisions are in real seconds; the target sent is divided by the
+   plug-in's smoothed measured/predicted step ratio, and between changes it only falls.
+4. **Seats and KV.** A seat is added only while the batch decodes in flight, plus one more, fit
+   `DECODE_SHARE` of the target, and never past `1 - chat_slot_share` of the engine's sequence
+   slots. A whole document is admitted only while it fits under `kv_high_water` beside what the
+   engine holds, what admitted batch will add, and chat's prefix-cache working set over
+   `chat_cache_horizon_s` (`scheduler/chat_cache.py`): never preempted, never evicting the
+   histories chat comes back to.
+5. **Idle steps.** With no chat in the engine the plug-in sizes to the idle target
+   (`_idle_target_ms`), moved by the same feedback.
 
 State is per replica (one object serves a fleet); no clock is read: time is `Observation.t`.
 """
