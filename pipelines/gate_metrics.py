@@ -104,6 +104,12 @@ class GateMetrics:
         self.kv_usage = Gauge(
             "nightshift_kv_usage", "Observed KV cache usage (0..1).", ["replica"], registry=r
         )
+        self.chat_cache = Gauge(
+            "nightshift_chat_cache_tokens",
+            "Chat's prefix-cache working set the KV guard keeps room for (tokens).",
+            ["replica"],
+            registry=r,
+        )
         self.decisions = Counter(
             "nightshift_decisions", "Controller decisions by reason.", ["reason"], registry=r
         )
@@ -144,6 +150,7 @@ class GateMetrics:
             (self.chat_itl_p99, obs.chat_itl_p99_s),
             (self.chat_ttft_p99, obs.chat_ttft_p99_s),
             (self.kv_usage, obs.kv_usage),
+            (self.chat_cache, obs.chat_cache_tokens),
         ):
             # NaN, not a stale number, when the window measured nothing (or nothing bounds it)
             gauge.labels(name).set(float("nan") if value is None else value)

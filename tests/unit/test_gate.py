@@ -255,6 +255,7 @@ def test_decisions_are_recorded_and_exported_on_the_metrics_port(gates):
     assert 'nightshift_batch_seats{replica="r0"} 64.0' in text
     assert 'nightshift_batch_step_target_seconds{replica="r0"} 0.025' in text
     assert 'nightshift_kv_room_tokens{replica="r0"} NaN' in text  # no KV capacity: unbounded
+    assert 'nightshift_chat_cache_tokens{replica="r0"} NaN' in text  # no plug-in counting it
     assert 'nightshift_chat_itl_p99_seconds{replica="r0"} 0.012' in text
     assert 'nightshift_decisions_total{reason="stale"} 1.0' in text
     assert "nightshift_controller_last_decision_timestamp_seconds" in text
