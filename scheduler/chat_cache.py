@@ -29,7 +29,8 @@ from collections.abc import Hashable, Iterable
 class ChatCacheSet:
     """Blocks chat left in the prefix cache, oldest first, with when each was left last."""
 
-    def __init__(self) -> None:
+    def __init__(self, block_size: int = 1) -> None:
+        self.block_size = block_size
         self._left: OrderedDict[Hashable, float] = OrderedDict()
 
     def left(self, keys: Iterable[Hashable], t: float) -> None:
@@ -51,3 +52,7 @@ class ChatCacheSet:
         while left and next(iter(left.values())) < oldest:
             left.popitem(last=False)
         return len(left)
+
+    def tokens(self, t: float, horizon_s: float | None) -> int | None:
+        """The working set at `t` in tokens; None without a horizon (nothing is counted)."""
+        return None if horizon_s is None else self.blocks(t, horizon_s) * self.block_size

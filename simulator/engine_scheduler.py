@@ -92,17 +92,14 @@ class EngineScheduler:
         self.batch_target: BatchStepTarget | None = None
         """The plug-in's batch step target for this replica; None: stock scheduling."""
         self._step_budget: StepBudget | None = None
-        self.chat_cache = ChatCacheSet()
+        self.chat_cache = ChatCacheSet(kv.block_size)
         self.chat_cache_horizon_s: float | None = None
         """How far back chat's prefix-cache working set is counted, as the plug-in does for the
         controller in charge (None: not counted)."""
 
     def chat_cache_tokens(self, now: float) -> int | None:
         """Chat's prefix-cache working set at `now` (`scheduler/chat_cache.py`), in tokens."""
-        horizon = self.chat_cache_horizon_s
-        if horizon is None:
-            return None
-        return self.chat_cache.blocks(now, horizon) * self.block_size
+        return self.chat_cache.tokens(now, self.chat_cache_horizon_s)
 
     @property
     def num_waiting(self) -> int:

@@ -460,7 +460,7 @@ def case_no_engine(folder: Path) -> dict:
 
 def _status(s, folder: Path) -> dict:
     s._nightshift.status._last_write = -1e9
-    s._nightshift.status.maybe_write(time.monotonic(), s._nightshift.control_fields())
+    s._nightshift.status.maybe_write(time.monotonic(), s._nightshift.control_fields)
     return json.loads((folder / "status.json").read_text())
 
 

@@ -108,8 +108,7 @@ class _Plugin:
         """Whether this step's budget granted a batch prefill nothing."""
         self.target_bound = False
         """Whether this step's target held a batch prefill back (`StepBudget.target_bound`)."""
-        self.chat_cache = ChatCacheSet()
-        self.block_size = sched.block_size
+        self.chat_cache = ChatCacheSet(sched.block_size)
         self.engine: object | None = None
         self.input_arrived: Callable[[float], bool] | None = None
         self.engine_looked_up = False
@@ -143,18 +142,12 @@ class _Plugin:
             "batch_step_target_ms": 1000 * d.target_s if d else None,
             "rejected": ch.rejected if ch else 0,
             "last_rejection": ch.last_rejection if ch else None,
-            "chat_cache_tokens": self.chat_cache_tokens(),
+            "chat_cache_tokens": self.chat_cache.tokens(time.monotonic(), self.cache_horizon()),
         }
 
     def cache_horizon(self) -> float | None:
         """How far back chat's prefix-cache working set is counted now (None: not counted)."""
         return self.directive.chat_cache_horizon_s if self.directive is not None else None
-
-    def chat_cache_tokens(self) -> int | None:
-        horizon = self.cache_horizon()
-        if horizon is None:
-            return None
-        return self.chat_cache.blocks(time.monotonic(), horizon) * self.block_size
 
     # -- before vLLM schedules: the chat reservation and this step's budget --------------------
 
@@ -213,7 +206,7 @@ class _Plugin:
 
         def poll() -> bool:
             self.directive = channel.directive()
-            status.maybe_write(time.monotonic(), self.control_fields())
+            status.maybe_write(time.monotonic(), self.control_fields)
             return idle_hold.grant_key(self.directive) != seen
 
         started = time.monotonic()
@@ -303,7 +296,7 @@ class _Plugin:
             self.last_token[req.request_id] = now
             if req.is_finished():
                 del self.last_token[req.request_id]
-        if self.status.maybe_write(now, self.control_fields()):
+        if self.status.maybe_write(now, self.control_fields):
             for rid in [r for r in self.last_token if r not in sched.requests]:
                 del self.last_token[rid]
 

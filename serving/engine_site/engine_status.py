@@ -19,6 +19,7 @@ import json
 import math
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -173,12 +174,13 @@ class EngineStatus:
         """Monotonic time from which `maybe_write` writes (never, without a path)."""
         return math.inf if self.path is None else self._last_write + WRITE_EVERY_S
 
-    def maybe_write(self, now_mono: float, control: dict) -> bool:
-        """Write the document if `WRITE_EVERY_S` passed since the last write; True if written."""
+    def maybe_write(self, now_mono: float, control: Callable[[], dict]) -> bool:
+        """Write the document if `WRITE_EVERY_S` passed since the last write; True if written.
+        `control` gives the plug-in's fields, asked for only then (this runs every step)."""
         if self.path is None or now_mono - self._last_write < WRITE_EVERY_S:
             return False
         self._last_write = now_mono
-        write_atomically(self.path, json.dumps(self.document(control)))
+        write_atomically(self.path, json.dumps(self.document(control())))
         self._recent = Totals()
         return True
 
