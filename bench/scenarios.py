@@ -29,6 +29,7 @@ from pathlib import Path
 from bench.chat_load import ChatLoadSpec
 from bench.chat_thread import ChatLoadThread
 from bench.scoring import (
+    batch_prompts,
     batch_throughput,
     bound_tokens_per_s,
     chat_decode_load,
@@ -221,7 +222,7 @@ def summarize(scored: dict, cfg: BenchConfig, controlled: ScenarioRun, slo: SLO)
         seqs,
     )
     model = LatencyModel.from_json(cfg.latency_model)
-    bound = bound_tokens_per_s(model, slo, seqs, ctx, cap)
+    bound = bound_tokens_per_s(model, slo, seqs, ctx, cap, batch_prompts(controlled.batch_rows))
     return summary(scored, slo, bound, seqs, ctx, corpus_docs=_corpus_docs(cfg.corpus))
 
 

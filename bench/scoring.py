@@ -12,7 +12,7 @@ that judge ITL take an optional `engine_itl(t0, t1) -> p99 ms`; without it they 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from bench.serving_metrics import goodput, goodput_slos, request_latency
 from scheduler.latency_model import largest_chunk_within
@@ -119,23 +119,51 @@ def chat_decode_load(chat: list[RequestRecord], t0: float, t1: float) -> tuple[f
     return seqs, (sum(contexts) / len(contexts) if contexts else 0.0)
 
 
+def batch_prompts(batch_rows: list[dict]) -> list[int]:
+    """The prompt lengths of the batch requests a run finished: what its bound walks through."""
+    return [
+        r["prompt_tokens"] for r in batch_rows if r.get("status") == "ok" and r.get("prompt_tokens")
+    ]
+
+
 def bound_tokens_per_s(
     model: StepTimeModel,
     slo: SLO,
     decode_seqs: float,
     context: float,
     max_chunk: int,
-    prefix_tokens: int = 0,
+    prompts: Sequence[int] = (),
 ) -> float:
     """Batch prefill tokens per second that fit the ITL SLO beside the measured chat load: every
     step carries the largest batch chunk whose predicted step time stays within the SLO, back to
-    back. An upper bound: it ignores chat prefills, which also need room in the steps."""
+    back, through each of `prompts` (the prompt lengths the run sent) from its first token to its
+    last. Deep in a long prompt a chunk pays attention over its whole prefix, so an 80k-token
+    document sent whole bounds lower than the same tokens in sections. Without prompts, one chunk
+    at position 0. An upper bound: it ignores chat prefills, which also need room in the steps,
+    and KV, which may not hold a whole document beside chat."""
     seqs = max(1, round(decode_seqs))
     ctx = int(seqs * context)
-    chunk = largest_chunk_within(
-        model, slo.chat_itl_p99_ms / 1000, prefix_tokens, seqs, ctx, max_chunk
-    )
-    if chunk <= 0:
-        return 0.0
-    step = model.step_seconds(StepBatch((PrefillChunk(chunk, prefix_tokens),), seqs, ctx))
-    return chunk / step
+
+    def chunk_at(position: int) -> int:
+        return largest_chunk_within(
+            model, slo.chat_itl_p99_ms / 1000, position, seqs, ctx, max_chunk
+        )
+
+    def step_s(chunk: int, position: int) -> float:
+        return model.step_seconds(StepBatch((PrefillChunk(chunk, position),), seqs, ctx))
+
+    lengths = sorted(p for p in prompts if p > 0)
+    if not lengths:
+        chunk = chunk_at(0)
+        return chunk / step_s(chunk, 0) if chunk > 0 else 0.0
+    # One walk to the longest prompt; each prompt takes the walk's time to its own length.
+    elapsed, position, seconds = 0.0, 0, 0.0
+    for length in lengths:
+        while position < length:
+            chunk = min(chunk_at(position), length - position)
+            if chunk <= 0:
+                return 0.0
+            elapsed += step_s(chunk, position)
+            position += chunk
+        seconds += elapsed
+    return sum(lengths) / seconds

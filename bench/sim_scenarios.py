@@ -30,6 +30,7 @@ from dataclasses import dataclass, field, replace
 
 from bench.controller_targets import CHUNKS, MAP_MIN_SECTION, SEATS
 from bench.scoring import (
+    batch_prompts,
     batch_throughput,
     bound_tokens_per_s,
     chat_decode_load,
@@ -236,7 +237,8 @@ def summarize(scored: dict, bench: SimBench, controlled: SimScenario, slo: SLO) 
         engine.max_model_len,
         seqs,
     )
-    bound = bound_tokens_per_s(bench.model, slo, seqs, ctx, max_chunk=cap)
+    prompts = batch_prompts(controlled.batch_rows)
+    bound = bound_tokens_per_s(bench.model, slo, seqs, ctx, cap, prompts)
     return summary(scored, slo, bound, seqs, ctx, corpus_docs=bench.base.batch.docs)
 
 

@@ -128,3 +128,15 @@ def test_the_default_corpus_grows_with_the_scenario() -> None:
     from bench.bench_options import default_docs
 
     assert default_docs(90) == 225 and default_docs(180) == 450 and default_docs(10) == 200
+
+
+def test_the_bound_walks_each_prompt_so_a_long_one_whole_bounds_lower_than_sections() -> None:
+    model = LatencyModel(s_per_token=1e-5, s_per_attention_unit=1e-8, overhead_s=0.005)
+    slo = SLO(chat_itl_p99_ms=60)
+    whole = bound_tokens_per_s(model, slo, 4, 1000, 4096, [80_000])
+    sections = bound_tokens_per_s(model, slo, 4, 1000, 4096, [2048] * 40)
+    assert 0 < whole < sections
+    # A prompt one whole chunk long is the single chunk at position 0, as without prompts.
+    assert bound_tokens_per_s(model, slo, 4, 1000, 512, [512]) == pytest.approx(
+        bound_tokens_per_s(model, slo, 4, 1000, 512)
+    )

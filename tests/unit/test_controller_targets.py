@@ -66,3 +66,12 @@ def test_missed_windows_name_the_batch_ahead_and_the_decision_in_force():
     assert missed and all(m["reason"] == "uncontrolled" for m in missed)
     assert any(m["batch_ahead_tokens"] > 0 for m in missed)
     assert all(m["itl_p99_ms"] > 50 or m["ttft_p99_ms"] > 1000 for m in missed)
+
+
+def test_the_controller_is_judged_against_the_latency_bound_it_measured():
+    p = pooled(slo=(1.0, 700.0))
+    p[("steady", "slo")] |= {"slo_batch_tokens_per_s": 700.0, "bound_tokens_per_s": 1000.0}
+    p[("varying", "slo")] |= {"slo_batch_tokens_per_s": 1400.0, "bound_tokens_per_s": 3000.0}
+    r = targets(p)["bound"]
+    assert r["steady"]["fraction"] == 0.7 and r["steady"]["ok"]
+    assert abs(r["varying"]["fraction"] - 1400 / 3000) < 1e-9 and not r["varying"]["ok"]
