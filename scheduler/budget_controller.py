@@ -1,28 +1,24 @@
 """The SLO controller: feedback on the one number the engine enforces, the batch step target.
 
-The engine plug-in sizes every batch prefill chunk, every step, to fit the batch step target
-beside that step's real chat load (`scheduler/step_budget.py`): the feed-forward half. This
-controller closes the loop around it, one `decide(observation)` per replica every few seconds.
-The invariants it keeps (docs/design.md §7 says why each holds):
+The engine plug-in sizes every batch chunk, every step, to the batch step target beside that
+step's real chat load (`scheduler/step_budget.py`); this controller closes the loop around it,
+one `decide(observation)` per replica every few seconds. Invariants (docs/design.md §7 says why):
 
 1. **Fail safe.** No fresh observation for `stale_after_s`: batch pauses; it never steers blind.
 2. **Feedback on chat's pressure** (the worst of window ITL, TTFT and E2E p99 over their SLOs):
-   above 1 the step is cut by `cut_factor`, below `slack_fraction` it grows to the slack mark
-   (`_grown`), in between it holds. A decision is judged only by windows that began after it
-   (except a violation right after a growth, cut at once), so at most one change per window.
-   Growth needs a whole slack window after any pressed one at the same target, a window in
-   which the target bound (anti-windup: more than `1 - ITL_QUANTILE` of its steps ran at the
-   target), and stops short of a recent break (`_toward_break`).
-3. **Model correction.** Decisions are in real seconds; the target sent is divided by the
-   plug-in's smoothed measured/predicted step ratio, and between changes it only falls.
-4. **Seats and KV.** A seat is added only while the batch decodes in flight, plus one more, fit
-   `DECODE_SHARE` of the target, and never past `1 - chat_slot_share` of the engine's sequence
-   slots. A whole document is admitted only while it fits under `kv_high_water` beside what the
-   engine holds, what admitted batch will add, and chat's prefix-cache working set over
-   `chat_cache_horizon_s` (`scheduler/chat_cache.py`): never preempted, never evicting the
-   histories chat comes back to.
-5. **Idle steps.** With no chat in the engine the plug-in sizes to the idle target
-   (`_idle_target_ms`), moved by the same feedback.
+   above 1 the step is cut by `cut_factor`, below `slack_fraction` it grows to the slack mark,
+   in between it holds. Only windows that began after a change judge it (a violation right
+   after a growth is cut at once): at most one change per window. Growth also needs a whole
+   slack window since any pressed one at the same target and a window in which the target
+   bound (anti-windup), and it stops short of a recent break.
+3. **Model correction.** The target sent is the real one over the plug-in's smoothed
+   measured/predicted step ratio; between changes it only falls.
+4. **Seats and KV.** Batch decodes in flight, plus one more, fit `DECODE_SHARE` of the target,
+   and chat keeps `chat_slot_share` of the engine's sequence slots. A whole document is admitted
+   only while it fits under `kv_high_water` beside everything committed, chat's cached histories
+   (`scheduler/chat_cache.py`) included: never preempted, never evicting what chat comes back to.
+5. **Idle steps.** With no chat in the engine the plug-in sizes to the idle target, moved by the
+   same feedback.
 
 State is per replica (one object serves a fleet); no clock is read: time is `Observation.t`.
 """
@@ -130,10 +126,12 @@ class BudgetController:
         """The batch step target, seats and KV room for `obs.replica` until the next decision."""
         state = self.states.get(obs.replica)
         if not obs.fresh:
-            return self._pause("stale", 0)
+            return Decision(0, NO_SECTION_CAP, pause=True, reason="stale",
+                            batch_step_target_ms=0.0,
+                            chat_cache_horizon_s=self.config.chat_cache_horizon_s)  # fmt: skip
         cold = state is None or obs.t - state.last_fresh_t > self.config.stale_after_s
         if cold:
-            target = self._cold_target()
+            target = COLD_START_SHARE * self.slo.chat_itl_p99_ms / 1000
             state = self.states[obs.replica] = _Replica(target, target, obs.t)
         self._correct_model(state, obs)
         reason = "cold-start" if cold else self._feedback(state, obs)
@@ -154,26 +152,15 @@ class BudgetController:
             chat_cache_horizon_s=self.config.chat_cache_horizon_s,
         )
 
-    def is_stale(self, replica: str, t: float) -> bool:
-        """Whether `replica` has had no fresh observation for `stale_after_s` before `t`."""
-        state = self.states.get(replica)
-        return state is None or t - state.last_fresh_t > self.config.stale_after_s
-
     # -- feedback ---------------------------------------------------------------------------
 
     def pressure(self, obs: Observation) -> float | None:
         """The worst of chat's window p99s over their SLOs; None when the window held no chat."""
-        slo = self.slo
-        ratios = [
-            v / (limit / 1000)
-            for v, limit in (
-                (obs.chat_itl_p99_s, slo.chat_itl_p99_ms),
-                (obs.chat_ttft_p99_s, slo.chat_ttft_p99_ms),
-                (obs.chat_e2e_p99_s, slo.chat_e2e_p99_ms),
-            )
-            if v is not None and limit is not None
-        ]
-        return max(ratios) if ratios else None
+        slo, o = self.slo, obs
+        measured = ((o.chat_itl_p99_s, slo.chat_itl_p99_ms), (o.chat_ttft_p99_s, slo.chat_ttft_p99_ms),
+                    (o.chat_e2e_p99_s, slo.chat_e2e_p99_ms))  # fmt: skip
+        ratios = [1000 * v / ms for v, ms in measured if v is not None and ms is not None]
+        return max(ratios, default=None)
 
     def _feedback(self, state: _Replica, obs: Observation) -> str:
         pressure = self.pressure(obs)
@@ -205,17 +192,10 @@ class BudgetController:
         return "hold"
 
     def _grown(self, ran_s: float, pressure: float, itl_p99_s: float | None) -> float:
-        """The real step target after a slack window that ran at `ran_s`: raised by the window's
-        headroom below the slack mark, in ITL-SLO seconds, over the tail factor, never past the
-        ITL SLO.
-
-        Why: a chat token gap is one step long, so chat's ITL p99 moves with the step by the
-        steps' own tail over their mean, `tail` (the window's ITL p99 over the step it ran at; at
-        least 1). Raising the step by D raises ITL p99 by `tail` x D, and one growth brings ITL
-        to the slack mark and not past it, however far below it the window was (a long document
-        deep in its prefill, a cold start). On a quiet GPU the tail is about 1; on a busy host
-        steps of one price vary and it is larger. TTFT spans several steps and can grow by more;
-        its own pressure then cuts."""
+        """The real step target after a slack window that ran at `ran_s`: raised by the headroom
+        below the slack mark over the window's tail (its ITL p99 over its step, at least 1), never
+        past the ITL SLO. Invariant: one growth brings chat's ITL p99 to the slack mark, not past
+        it, since a chat gap is one step (docs/design.md §7.2)."""
         ceiling = self.slo.chat_itl_p99_ms / 1000
         tail = max(1.0, itl_p99_s / ran_s) if itl_p99_s and ran_s > 0 else 1.0
         return min(ceiling, ran_s + (self.config.slack_fraction - pressure) * ceiling / tail)
@@ -224,9 +204,8 @@ class BudgetController:
         self, state: _Replica, obs: Observation, ran_s: float, pressure: float
     ) -> float:
         """The step where the line through (`ran_s`, `pressure`) and the remembered break reaches
-        the slack mark; infinity without a break to aim below (none, lapsed, or not above this
-        window on both axes). Repeated, it settles on the slack mark from below: each growth
-        draws the line again from a point nearer the curve."""
+        the slack mark (infinity without a break above this window on both axes, or a lapsed one).
+        Pressure is convex in the step, so growth settles on the slack mark from below (§7.3)."""
         if state.broke is None:
             return math.inf
         t, broke_s, broke_p = state.broke
@@ -237,17 +216,13 @@ class BudgetController:
         return ran_s + (self.config.slack_fraction - pressure) / slope
 
     def _idle_target_ms(self, state: _Replica) -> float | None:
-        """The step target while no chat is in the engine: `IDLE_TTFT_SHARE` of the TTFT SLO,
-        scaled like the batch target by feedback (the target over its ceiling), so one number
-        still moves both; None without a TTFT SLO."""
+        """The step target while no chat is in the engine: `IDLE_TTFT_SHARE` of the TTFT SLO at
+        the full target (the ITL SLO), in proportion below, so feedback moves both; None without
+        a TTFT SLO."""
         ttft = self.slo.chat_ttft_p99_ms
         if ttft is None:
             return None
-        # IDLE_TTFT_SHARE of the TTFT SLO at the full target (the ITL SLO), in proportion below.
         return 1000 * state.sent_s * max(1.0, IDLE_TTFT_SHARE * ttft / self.slo.chat_itl_p99_ms)
-
-    def _cold_target(self) -> float:
-        return COLD_START_SHARE * self.slo.chat_itl_p99_ms / 1000
 
     def _correct_model(self, state: _Replica, obs: Observation) -> None:
         r = obs.step_time_ratio
@@ -285,7 +260,3 @@ class BudgetController:
             + sum(b.prefill_remaining + max(0, b.output_tokens) for b in obs.batch_in_flight)
         )
         return max(0, int(self.config.kv_high_water * cap - committed))
-
-    def _pause(self, reason: str, seats: int) -> Decision:
-        return Decision(seats, NO_SECTION_CAP, pause=True, reason=reason, batch_step_target_ms=0.0,
-                        chat_cache_horizon_s=self.config.chat_cache_horizon_s)  # fmt: skip
