@@ -108,28 +108,20 @@ def run_job(job: Job) -> dict:
         "docs_done": s["batch"]["docs_done"],
         "wall_s": s["wall_seconds"],
         "missed": missed_windows(result) if job.policy == "slo" else [],
-        "bound_tokens_per_s": latency_bound(result, model, profile)
-        if job.policy == "slo"
-        else None,
+        "bound_tokens_per_s": latency_bound(result, model) if job.policy == "slo" else None,
     }
 
 
-def latency_bound(result, model, profile) -> float:
+def latency_bound(result, model) -> float:
     """The latency model's bound for this run (`bench.scoring.bound_tokens_per_s`): the batch
     prefill tokens/s that fit the ITL SLO beside the chat load the run measured from the
     backlog's arrival on, through the prompts it finished."""
-    from bench.scoring import bound_tokens_per_s, chat_decode_load
-    from bench.verdicts import step_chunk_cap
+    from bench.sim_scenarios import sim_bound
 
     cfg, records = result.sim.cfg, result.sim.recorder.records
     chat = [r for r in records if r.cls == "chat"]
-    seqs, ctx = chat_decode_load(chat, cfg.batch.start_s, cfg.duration_s)
-    flags = profile.vllm
-    cap = step_chunk_cap(int(flags["max-num-batched-tokens"]),
-                         int(flags.get("long-prefill-token-threshold", 0)),
-                         int(flags["max-model-len"]), seqs)  # fmt: skip
     prompts = [r.prompt_tokens for r in records if r.cls == "batch" and r.status == "ok"]
-    return bound_tokens_per_s(model, cfg.slo, seqs, ctx, cap, prompts)
+    return sim_bound(model, cfg.slo, chat, cfg, prompts, since=cfg.batch.start_s)[0]
 
 
 def missed_windows(result) -> list[dict]:

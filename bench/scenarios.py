@@ -31,16 +31,14 @@ from bench.chat_thread import ChatLoadThread
 from bench.scoring import (
     batch_prompts,
     batch_throughput,
-    bound_tokens_per_s,
-    chat_decode_load,
     chat_latency,
     window_verdicts,
 )
 from bench.verdicts import (
     engine_itl_floor_ms,
+    measured_bound,
     score_sweeps,
     slo_from_chat_only,
-    step_chunk_cap,
     summary,
 )
 from pipelines.config import PipelineConfig
@@ -212,17 +210,18 @@ def summarize(scored: dict, cfg: BenchConfig, controlled: ScenarioRun, slo: SLO)
     from scheduler.latency_model import LatencyModel
     from serving.engine_config import load_engine_config
 
-    seqs, ctx = chat_decode_load(controlled.chat, controlled.t0, controlled.t1)
     engine = load_engine_config(cfg.engine_config)
     chunked = engine.flag("enable-chunked-prefill", True)
-    cap = step_chunk_cap(
+    bound, seqs, ctx = measured_bound(
+        LatencyModel.from_json(cfg.latency_model),
+        slo,
+        controlled.chat,
+        (controlled.t0, controlled.t1),
+        batch_prompts(controlled.batch_rows),
         int(engine.flag("max-num-batched-tokens", 2048)) if chunked else None,
         int(engine.flag("long-prefill-token-threshold", 0)),
         cfg.pipeline.max_model_len,
-        seqs,
     )
-    model = LatencyModel.from_json(cfg.latency_model)
-    bound = bound_tokens_per_s(model, slo, seqs, ctx, cap, batch_prompts(controlled.batch_rows))
     return summary(scored, slo, bound, seqs, ctx, corpus_docs=_corpus_docs(cfg.corpus))
 
 

@@ -32,12 +32,10 @@ from bench.controller_targets import CHUNKS, MAP_MIN_SECTION, SEATS
 from bench.scoring import (
     batch_prompts,
     batch_throughput,
-    bound_tokens_per_s,
-    chat_decode_load,
     chat_latency,
     window_verdicts,
 )
-from bench.verdicts import score_sweeps, slo_from_chat_only, step_chunk_cap, summary
+from bench.verdicts import measured_bound, score_sweeps, slo_from_chat_only, summary
 from scheduler.admission import AdmissionPolicy
 from scheduler.budget_controller import BudgetControllerConfig
 from scheduler.policy_factory import PolicyChoice, make_policy
@@ -227,18 +225,33 @@ def score(run: SimScenario, slo: SLO, duration_s: float) -> dict:
     return {"run_id": run.run_id, "chat": chat, "batch": {**batch, "docs_done": run.docs_done}}
 
 
-def summarize(scored: dict, bench: SimBench, controlled: SimScenario, slo: SLO) -> dict:
-    """The real bench's summary; the bound comes from the replica's own step-time model."""
-    engine = bench.base.engine
-    seqs, ctx = chat_decode_load(controlled.chat, 0.0, bench.base.duration_s)
-    cap = step_chunk_cap(
+def sim_bound(
+    model: StepTimeModel,
+    slo: SLO,
+    chat: list,
+    cfg: SimConfig,
+    batch_prompts: list[int],
+    since: float = 0.0,
+) -> tuple[float, float, float]:
+    """`bench.verdicts.measured_bound` for a simulated run: chat measured from `since` to the
+    run's end, at the step its simulated engine's flags allow."""
+    engine = cfg.engine
+    return measured_bound(
+        model,
+        slo,
+        chat,
+        (since, cfg.duration_s),
+        batch_prompts,
         engine.max_num_batched_tokens if engine.enable_chunked_prefill else None,
         engine.long_prefill_token_threshold,
         engine.max_model_len,
-        seqs,
     )
+
+
+def summarize(scored: dict, bench: SimBench, controlled: SimScenario, slo: SLO) -> dict:
+    """The real bench's summary; the bound comes from the replica's own step-time model."""
     prompts = batch_prompts(controlled.batch_rows)
-    bound = bound_tokens_per_s(bench.model, slo, seqs, ctx, cap, prompts)
+    bound, seqs, ctx = sim_bound(bench.model, slo, controlled.chat, bench.base, prompts)
     return summary(scored, slo, bound, seqs, ctx, corpus_docs=bench.base.batch.docs)
 
 

@@ -7,9 +7,10 @@ Pure: scored dictionaries in, figures out.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from bench.scoring import bound_tokens_per_s, chat_decode_load
 from scheduler.engine_flags import engine_step_tokens
 from scheduler.slo import SLO
 from scheduler.step import PrefillChunk, StepBatch, StepTimeModel
@@ -98,6 +99,24 @@ def step_chunk_cap(
     if long_prefill_threshold > 0:
         cap = min(cap, long_prefill_threshold)
     return max(1, cap)
+
+
+def measured_bound(
+    model: StepTimeModel,
+    slo: SLO,
+    chat: list,
+    span: tuple[float, float],
+    batch_prompts: Sequence[int],
+    step_tokens: int | None,
+    long_prefill_threshold: int,
+    max_model_len: int,
+) -> tuple[float, float, float]:
+    """(bound, chat decode sequences, their mean context): the latency model's bound
+    (`bench.scoring.bound_tokens_per_s`) beside the chat load `chat` measured over `span`, through
+    `batch_prompts`, at the step the engine's flags allow beside that load (`step_chunk_cap`)."""
+    seqs, ctx = chat_decode_load(chat, *span)
+    cap = step_chunk_cap(step_tokens, long_prefill_threshold, max_model_len, seqs)
+    return bound_tokens_per_s(model, slo, seqs, ctx, cap, batch_prompts), seqs, ctx
 
 
 def corpus_bound(scored: dict, corpus_docs: int | None) -> list[str]:
