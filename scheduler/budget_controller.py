@@ -36,8 +36,7 @@ from scheduler.slo import SLO
 from scheduler.step import StepBatch, StepTimeModel
 
 COLD_START_SHARE = 0.5
-"""Real step target before any feedback, as a share of the ITL SLO: half the allowance, so the
-first windows are measured with room on both sides."""
+"""Real step target before any feedback, as a share of the ITL SLO: room on both sides."""
 DECODE_SHARE = 0.5
 """Share of the step target batch decodes may fill: the rest stays for batch prefill chunks."""
 IDLE_TTFT_SHARE = 0.25
@@ -46,15 +45,13 @@ chat that arrives during it waits at most that long before its whole prompt is s
 ITL_QUANTILE = 0.99
 """The quantile of chat's token gaps the ITL SLO is stated at."""
 BREAK_MEMORY_WINDOWS = 4
-"""Windows after a cut during which the step that broke the SLO bounds growth: a measurement of
-chat's load, which holds for minutes but not for a night; once it lapses, growth probes past it."""
+"""Windows after a cut during which the step that broke the SLO bounds growth: chat's load holds
+for minutes but not for a night, so once it lapses growth probes past it."""
 RATIO_SMOOTHING = 0.3
 """Weight of a new measured/predicted step ratio in the running estimate."""
 RATIO_BOUNDS = (0.25, 4.0)
-"""The correction never trusts the model less than 4x off either way: beyond that it is a
-different machine, and the controller would rather steer on feedback alone."""
-NO_SECTION_CAP = 1 << 30
-"""`Decision.chunk_tokens` of this controller: the engine caps each step, not the admitter."""
+"""Past 4x off either way the model describes another machine: steer on feedback alone."""
+NO_SECTION_CAP = 1 << 30  # `Decision.chunk_tokens`: the engine caps each step, not the admitter
 
 
 class BudgetControllerConfig(BaseModel):
@@ -74,10 +71,8 @@ class BudgetControllerConfig(BaseModel):
         0.9, gt=0, le=1, description="KV share batch admission stays under."
     )
     stale_after_s: float = Field(15.0, gt=0, description="Longest gap between fresh observations.")
-    chat_cache_horizon_s: float = Field(
-        60.0, ge=0, description="Chat histories cached this recently keep their KV from batch "
-        "(the gap between a session's turns that 99% of returns fall within; 0: none kept)."
-    )  # fmt: skip
+    chat_cache_horizon_s: float = Field(60.0, ge=0, description="Chat histories cached this "
+        "recently keep their KV from batch (99% of next turns come within it; 0: none kept).")  # fmt: skip
 
 
 @dataclass
@@ -136,10 +131,8 @@ class BudgetController:
         self._correct_model(state, obs)
         reason = "cold-start" if cold else self._feedback(state, obs)
         state.last_fresh_t = obs.t
-        if reason in ("cold-start", "cut", "grow"):
-            state.sent_s = state.target_s / state.ratio
-        else:
-            state.sent_s = min(state.sent_s, state.target_s / state.ratio)
+        sent = state.target_s / state.ratio  # between changes the target sent only falls
+        state.sent_s = sent if reason in ("cold-start", "cut", "grow") else min(state.sent_s, sent)
         return Decision(
             batch_seats=self._seats(state, obs),
             chunk_tokens=NO_SECTION_CAP,
@@ -163,10 +156,8 @@ class BudgetController:
         return max(ratios, default=None)
 
     def _feedback(self, state: _Replica, obs: Observation) -> str:
-        pressure = self.pressure(obs)
+        pressure = self.pressure(obs) or 0.0  # no chat in the window: nothing to protect
         after_change = obs.window_s is None or obs.t - obs.window_s >= state.changed_t
-        if pressure is None:
-            pressure = 0.0  # no chat in the window: nothing to protect, room to grow
         ran_s = state.sent_s * state.ratio  # the real step the window ran at
         if pressure > 1.0 and (after_change or state.grew_last):
             state.broke = (obs.t, ran_s, pressure)
@@ -226,16 +217,14 @@ class BudgetController:
 
     def _correct_model(self, state: _Replica, obs: Observation) -> None:
         r = obs.step_time_ratio
-        if r is None or not math.isfinite(r) or r <= 0:
-            return
-        r = min(max(r, RATIO_BOUNDS[0]), RATIO_BOUNDS[1])
-        state.ratio += RATIO_SMOOTHING * (r - state.ratio)
+        if r is not None and math.isfinite(r) and r > 0:
+            r = min(max(r, RATIO_BOUNDS[0]), RATIO_BOUNDS[1])
+            state.ratio += RATIO_SMOOTHING * (r - state.ratio)
 
     # -- seats and KV -------------------------------------------------------------------------
 
     def _seats(self, state: _Replica, obs: Observation) -> int:
-        cfg, in_flight = self.config, obs.batch_in_flight
-        cap = cfg.max_seats
+        cfg, in_flight, cap = self.config, obs.batch_in_flight, self.config.max_seats
         if self.engine_slots is not None:
             cap = min(cap, max(1, int(self.engine_slots * (1 - cfg.chat_slot_share))))
         if not in_flight:
