@@ -173,19 +173,23 @@ class EngineItlRecorder:
     def _scrape_all(self) -> None:
         with httpx.Client(timeout=2.0) as client:
             for name, url in self.replicas:
-                h = self._scrape(client, name, url)
-                if h is not None:
-                    self.series.add(name, time.time(), h)
+                scraped = self._scrape(client, name, url)
+                if scraped is not None:
+                    self.series.add(name, *scraped)
 
-    def _scrape(self, client: httpx.Client, name: str, url: str) -> Histogram | None:
+    def _scrape(self, client: httpx.Client, name: str, url: str) -> tuple[float, Histogram] | None:
+        """The replica's chat gap histogram and when it was taken: a plug-in status document's
+        own `written_at` (it is written about once a second, and once more as the engine
+        drains, so a window's baseline is the last document before its start), else now."""
         source, target = self.sources.get(name), self.plugin_status.get(name)
         if source in (None, "plugin") and target is not None:
             doc = read_status(target)
             if doc is not None and "chat_itl_seconds" in doc:
                 self.sources[name] = "plugin"
+                at = doc.get("written_at", time.time())
                 if "chat_ttft_seconds" in doc:
-                    self.ttft.add(name, time.time(), status_histogram(doc, "chat_ttft_seconds"))
-                return status_histogram(doc, "chat_itl_seconds")
+                    self.ttft.add(name, at, status_histogram(doc, "chat_ttft_seconds"))
+                return at, status_histogram(doc, "chat_itl_seconds")
             if source == "plugin":
                 return None
         try:
@@ -194,6 +198,7 @@ class EngineItlRecorder:
         except httpx.HTTPError:
             return None
         h = itl_histogram(response.text)
-        if h is not None:
-            self.sources[name] = "vllm"
-        return h
+        if h is None:
+            return None
+        self.sources[name] = "vllm"
+        return time.time(), h

@@ -285,7 +285,7 @@ def case_canary(folder: Path) -> dict:
     s = make(budget_scheduler.BudgetScheduler, folder)
     for attr in ("running", "waiting", "requests", "block_size", "max_num_scheduled_tokens",
                  "max_num_running_reqs", "policy", "scheduler_config", "connector",
-                 "parallel_config"):  # fmt: skip
+                 "parallel_config", "get_num_unfinished_requests"):  # fmt: skip
         if not hasattr(s, attr):
             problems.append(f"Scheduler has no attribute {attr!r}")
     pool = s.kv_cache_manager.block_pool

@@ -39,6 +39,7 @@ vLLM private names this depends on (checked by the canary in `tests/integration/
 num_new_tokens)`, `Scheduler.update_from_output(scheduler_output, model_runner_output)`,
 `Scheduler._free_request_blocks(request)` (and the KV pool's, listed in `batch_eviction`),
 `Scheduler.running`, `.waiting` (iterable in policy order), `.requests`, `.block_size`,
+`.get_num_unfinished_requests()`,
 `.max_num_scheduled_tokens`, `.max_num_running_reqs`, `.policy`,
 `.scheduler_config.long_prefill_token_threshold`, `.connector`, `.parallel_config.data_parallel_size`
 (and the engine core's, listed in `idle_hold`); `Request.request_id`, `.priority`,
@@ -296,7 +297,8 @@ class _Plugin:
             self.last_token[req.request_id] = now
             if req.is_finished():
                 del self.last_token[req.request_id]
-        if self.status.maybe_write(now, self.control_fields):
+        drained = sched.get_num_unfinished_requests() == 0
+        if self.status.maybe_write(now, self.control_fields, drained):
             for rid in [r for r in self.last_token if r not in sched.requests]:
                 del self.last_token[rid]
 

@@ -188,10 +188,21 @@ class EngineStatus:
         """Monotonic time from which `maybe_write` writes (never, without a path)."""
         return math.inf if self.path is None else self._last_write + WRITE_EVERY_S
 
-    def maybe_write(self, now_mono: float, control: Callable[[], dict]) -> bool:
-        """Write the document if `WRITE_EVERY_S` passed since the last write; True if written.
-        `control` gives the plug-in's fields, asked for only then (this runs every step)."""
-        if self.path is None or now_mono - self._last_write < WRITE_EVERY_S:
+    def maybe_write(
+        self, now_mono: float, control: Callable[[], dict], drained: bool = False
+    ) -> bool:
+        """Write the document if `WRITE_EVERY_S` passed since the last write, or at once when the
+        engine has just `drained` (nothing left to run) after steps not yet written; True if
+        written. `control` gives the plug-in's fields, asked for only then (this runs every step).
+
+        Invariant: the last document before an idle spell counts every step and chat gap of the
+        busy one, so a reader that takes the last document written before a moment as its
+        baseline (`written_at`) counts nothing from before it: a benchmark's next scenario starts
+        clean even though no document is written while the engine is idle."""
+        if self.path is None:
+            return False
+        due = now_mono - self._last_write >= WRITE_EVERY_S
+        if not (due or (drained and self._recent.steps)):
             return False
         self._last_write = now_mono
         write_atomically(self.path, json.dumps(self.document(control())))

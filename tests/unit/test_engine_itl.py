@@ -94,7 +94,7 @@ def test_a_replica_with_the_plugin_is_judged_by_chats_own_gaps_for_the_whole_run
         plugin_status={"r0": ControlTarget("r0", folder=tmp_path)},
     )
     with httpx.Client() as client:
-        h = recorder._scrape(client, "r0", "http://127.0.0.1:9")
+        _, h = recorder._scrape(client, "r0", "http://127.0.0.1:9")
         assert recorder.sources == {"r0": "plugin"}
         assert h.cumulative == (3, 7, 8) and h.bounds[-1] == float("inf")
         (tmp_path / "status.json").unlink()
@@ -128,3 +128,28 @@ def test_the_plugins_chat_ttft_is_recorded_beside_its_gaps(tmp_path):
     rows = recorder.ttft.rows("night")
     assert [(r["le_low"], r["le"], r["count"]) for r in rows] == [(0.1, 1.0, 4)]
     assert {r["run_id"] for r in rows} == {"night"}
+
+
+def test_a_window_starts_from_the_last_status_written_before_it_not_the_last_read(tmp_path):
+    """The plug-in writes nothing while its engine is idle, so a status read at a scenario's
+    start may be seconds old: the previous scenario's last gaps must not land in the new
+    scenario's first window. Samples are stamped with the document's `written_at`."""
+    import json
+
+    from serving.engine_control import ControlTarget
+    from serving.engine_itl import EngineItlRecorder
+
+    def write(at: float, cumulative: list[int]) -> None:
+        doc = {"written_at": at, "chat_itl_seconds": {"bounds": [0.01, 0.05],
+               "cumulative": cumulative, "count": cumulative[-1], "sum": 0.0}}  # fmt: skip
+        (tmp_path / "status.json").write_text(json.dumps(doc))
+
+    recorder = EngineItlRecorder(
+        [("r0", "http://127.0.0.1:9")], plugin_status={"r0": ControlTarget("r0", folder=tmp_path)}
+    )
+    write(100.0, [0, 0, 10])  # the previous scenario drained at t=100 with 10 slow gaps
+    recorder._scrape_all()
+    write(110.0, [20, 20, 30])  # the next one, starting at t=105, made 20 fast gaps
+    recorder._scrape_all()
+    window = recorder.series.window(105.0, 111.0)
+    assert window.cumulative == (20, 20, 20)  # none of the slow gaps from before t=105

@@ -64,3 +64,21 @@ def test_chats_cached_histories_reach_the_controller_and_engine_status(tmp_path)
     assert seen["r0"].chat_cache_tokens == 2048
     assert sensor.step_rows[-1]["chat_cache_tokens"] == 2048
     assert "chat's cached histories 2048 tokens" in plugin_line("r0", doc)
+
+
+def test_a_status_is_written_as_the_engine_drains_so_its_idle_spell_starts_counted(tmp_path):
+    """Written once a second while the engine steps, and at once when it has nothing left to
+    run after steps not yet written; never again while it stays drained."""
+    import json
+
+    path = tmp_path / "status.json"
+    status = EngineStatus(path)
+    control = lambda: {"state": "active"}  # noqa: E731
+    status.step(StepRecord(chat_decode=4), 0.01)
+    assert status.maybe_write(10.0, control)  # the first write is due
+    status.chat_itl.observe(0.3)
+    status.step(StepRecord(chat_decode=4), 0.01)
+    assert not status.maybe_write(10.2, control)  # busy, and not yet a second since
+    assert status.maybe_write(10.3, control, drained=True)  # drained: at once
+    assert json.loads(path.read_text())["chat_itl_seconds"]["count"] == 1
+    assert not status.maybe_write(10.4, control, drained=True)  # nothing new since
