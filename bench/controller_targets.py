@@ -116,7 +116,7 @@ def latency_bound(result, model) -> float:
     """The latency model's bound for this run (`bench.scoring.bound_tokens_per_s`): the batch
     prefill tokens/s that fit the ITL SLO beside the chat load the run measured from the
     backlog's arrival on, through the prompts it finished."""
-    from bench.sim_scenarios import sim_bound
+    from bench.verdicts import sim_bound
 
     cfg, records = result.sim.cfg, result.sim.recorder.records
     chat = [r for r in records if r.cls == "chat"]

@@ -35,7 +35,7 @@ from bench.scoring import (
     chat_latency,
     window_verdicts,
 )
-from bench.verdicts import measured_bound, score_sweeps, slo_from_chat_only, summary
+from bench.verdicts import score_sweeps, sim_bound, slo_from_chat_only, summary
 from scheduler.admission import AdmissionPolicy
 from scheduler.budget_controller import BudgetControllerConfig
 from scheduler.policy_factory import PolicyChoice, make_policy
@@ -223,29 +223,6 @@ def score(run: SimScenario, slo: SLO, duration_s: float) -> dict:
     chat["slo_windows_met"] = sum(verdicts) / len(verdicts)
     batch = batch_throughput(run.batch_rows, 0.0, duration_s, slo, verdicts)
     return {"run_id": run.run_id, "chat": chat, "batch": {**batch, "docs_done": run.docs_done}}
-
-
-def sim_bound(
-    model: StepTimeModel,
-    slo: SLO,
-    chat: list,
-    cfg: SimConfig,
-    batch_prompts: list[int],
-    since: float = 0.0,
-) -> tuple[float, float, float]:
-    """`bench.verdicts.measured_bound` for a simulated run: chat measured from `since` to the
-    run's end, at the step its simulated engine's flags allow."""
-    engine = cfg.engine
-    return measured_bound(
-        model,
-        slo,
-        chat,
-        (since, cfg.duration_s),
-        batch_prompts,
-        engine.max_num_batched_tokens if engine.enable_chunked_prefill else None,
-        engine.long_prefill_token_threshold,
-        engine.max_model_len,
-    )
 
 
 def summarize(scored: dict, bench: SimBench, controlled: SimScenario, slo: SLO) -> dict:

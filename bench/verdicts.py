@@ -8,12 +8,15 @@ Pure: scored dictionaries in, figures out.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from bench.scoring import bound_tokens_per_s, chat_decode_load
 from scheduler.engine_flags import engine_step_tokens
 from scheduler.slo import SLO
 from scheduler.step import PrefillChunk, StepBatch, StepTimeModel
+
+if TYPE_CHECKING:
+    from simulator.config import SimConfig
 
 
 def slo_from_chat_only(
@@ -117,6 +120,29 @@ def measured_bound(
     seqs, ctx = chat_decode_load(chat, *span)
     cap = step_chunk_cap(step_tokens, long_prefill_threshold, max_model_len, seqs)
     return bound_tokens_per_s(model, slo, seqs, ctx, cap, batch_prompts), seqs, ctx
+
+
+def sim_bound(
+    model: StepTimeModel,
+    slo: SLO,
+    chat: list,
+    cfg: SimConfig,
+    batch_prompts: list[int],
+    since: float = 0.0,
+) -> tuple[float, float, float]:
+    """`measured_bound` for a simulated run: chat measured from `since` to the run's end, at the
+    step its simulated engine's flags allow."""
+    engine = cfg.engine
+    return measured_bound(
+        model,
+        slo,
+        chat,
+        (since, cfg.duration_s),
+        batch_prompts,
+        engine.max_num_batched_tokens if engine.enable_chunked_prefill else None,
+        engine.long_prefill_token_threshold,
+        engine.max_model_len,
+    )
 
 
 def corpus_bound(scored: dict, corpus_docs: int | None) -> list[str]:
