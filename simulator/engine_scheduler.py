@@ -27,8 +27,8 @@ from scheduler.step_budget import (
     StepBudget,
     any_chat,
     chat_reservation,
-    model_scale,
 )
+from scheduler.step_scale import StepTimeScale
 from simulator.config import EngineParams
 from simulator.entities import Request
 from simulator.kv_cache import KVCache
@@ -82,6 +82,9 @@ class EngineScheduler:
         self.threshold = params.long_prefill_token_threshold if self.chunked else 0
         self.max_seqs = params.max_num_seqs
         self.step_time_ratio = params.step_time_ratio
+        self.scale = StepTimeScale()
+        """The plug-in's correction of its model, learnt from this replica's steps as the real one
+        learns it (`Replica.end_step` feeds it)."""
         self.by_priority = params.scheduling_policy == "priority"
         self.running: list[Request] = []
         self._heap: list[tuple[int, float, int, Request]] = []
@@ -152,8 +155,7 @@ class EngineScheduler:
             [*map(_in_engine, self.running),
              *(_in_engine(e[3] if self.by_priority else e) for e in waiting)]
         )  # fmt: skip
-        # The plug-in's own correction of the model it was sent, as the real one learns it.
-        target_s = target.step_target_s(chat) / model_scale(self.step_time_ratio)
+        target_s = target.step_target_s(chat) / self.scale.value
         return StepBudget(
             target.model, target_s, room, fixed, self.block_size, target.min_chunk_tokens
         )

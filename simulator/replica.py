@@ -61,6 +61,8 @@ class Replica:
         self.engine = EngineScheduler(params, self.kv)
         self.sensor = ReplicaSensor(intervals_per_window)
         self.step: ScheduledStep | None = None
+        self.step_price = 0.0
+        """The model's price of `step` (before the replica's own ratio and spread)."""
         self.step_started = 0.0
         self.busy = False
         self.steps = 0
@@ -98,8 +100,8 @@ class Replica:
         self.peak_used_blocks = max(self.peak_used_blocks, self.kv.used_blocks)
         # A model that priced a step at zero would freeze virtual time; a microsecond is below any
         # real engine step.
-        price = self.model.step_seconds(step.batch)
-        seconds = price * self.params.step_time_ratio * self._spread.draw()
+        self.step_price = self.model.step_seconds(step.batch)
+        seconds = self.step_price * self.params.step_time_ratio * self._spread.draw()
         return now + max(seconds, MIN_STEP_S)
 
     def end_step(self, now: float) -> StepOutcome:
@@ -107,6 +109,9 @@ class Replica:
         outcome = self.engine.complete(self.step, now)
         dt = now - self.step_started
         self.steps += 1
+        if self.engine.batch_target is not None:
+            batch_chunk = any(r.cls == "batch" for r, _ in self.step.prefills)
+            self.engine.scale.observe(dt, self.step_price, batch_chunk)
         iv = self.sensor.current
         iv.steps.append(dt)
         iv.target_bound_steps += self.step.target_bound

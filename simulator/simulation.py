@@ -14,7 +14,7 @@ from collections.abc import Callable
 
 from scheduler.admission import AdmissionPolicy, Decision
 from scheduler.step import StepTimeModel
-from scheduler.step_budget import BatchStepTarget, model_scale
+from scheduler.step_budget import BatchStepTarget
 from simulator.config import SimConfig
 from simulator.dispatcher import BatchDispatcher
 from simulator.entities import Request
@@ -198,8 +198,7 @@ def plug_in_ratio(engine) -> float | None:
     `step_time_ratio` after the plug-in's own scale (None while the engine runs stock)."""
     if engine.batch_target is None:
         return None
-    ratio = engine.step_time_ratio
-    return ratio / model_scale(ratio)
+    return engine.step_time_ratio / engine.scale.value
 
 
 def plug_in_target(decision: Decision, model: StepTimeModel) -> BatchStepTarget | None:

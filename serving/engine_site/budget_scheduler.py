@@ -59,6 +59,7 @@ from scheduler import step_budget
 from scheduler.chat_cache import ChatCacheSet
 from scheduler.step import PrefillChunk, StepBatch
 from scheduler.step_budget import BatchPrefill, BatchStepTarget, InEngine, StepBudget, is_batch
+from scheduler.step_scale import StepTimeScale
 from serving.engine_site import batch_eviction, chat_blocks, idle_hold
 from serving.engine_site.control_channel import ControlChannel, Directive
 from serving.engine_site.control_files import CONTROL_DIR_ENV, CONTROL_FILE, STATUS_FILE
@@ -77,20 +78,14 @@ except ImportError:  # pragma: no cover - only outside an engine venv
     _info, _warn = _logger.info, _logger.warning
 
 
-SCALE_MEMORY = 0.98
-"""Decay per step of the measured and predicted step seconds the model's scale is their ratio of
-(about the last 50 steps)."""
-
-
 class _Plugin:
     """The plug-in's state beside one scheduler: channel, status, this step's budget.
 
-    `scale` is this engine's measured over predicted step time, time-weighted over its recent
-    steps: the control document's latency model priced with this host's speed now (a fit from a
-    busier or quieter host, or another CPU of the same kind). Batch chunks are sized so that the
-    *scaled* prediction fits the target, and the status reports scaled predictions, so a target of
-    T ms means steps of T ms here, and the measured/predicted ratio a controller reads is what is
-    left after this correction.
+    `scale` is the control document's latency model priced with this engine's own steps
+    (`scheduler.step_scale`: the tail of its error over recent steps that carried a batch chunk).
+    Batch chunks are sized so that the *scaled* prediction fits the target, and the status reports
+    scaled predictions, so a target of T ms means batch steps of at most about T ms here, and the
+    measured/predicted ratio a controller reads is what is left after this correction.
     """
 
     def __init__(self, sched) -> None:
@@ -103,7 +98,7 @@ class _Plugin:
         self.pending: deque[tuple[float, StepRecord]] = deque()
         self.last_update = 0.0
         self.step_started = 0.0
-        self.measured_sum = self.predicted_sum = 0.0
+        self.scale = StepTimeScale()
         self.last_token: dict[str, float] = {}
         self.held_back = False
         """Whether this step's budget granted a batch prefill nothing."""
@@ -168,13 +163,8 @@ class _Plugin:
         )
         target = BatchStepTarget(d.target_s, d.model, idle_target_s=d.idle_target_s)
         target_s = target.step_target_s(chat)
-        self.budget = StepBudget(d.model, target_s / self.scale(), room, fixed, sched.block_size,
+        self.budget = StepBudget(d.model, target_s / self.scale.value, room, fixed, sched.block_size,
                                  d.min_chunk_tokens)  # fmt: skip
-
-    def scale(self) -> float:
-        if self.predicted_sum <= 0:
-            return 1.0
-        return step_budget.model_scale(self.measured_sum / self.predicted_sum)
 
     def cap(self, request, num_computed_tokens: int, num_new_tokens: int) -> int:
         """The chunk vLLM may schedule for `request`: its own for chat and decodes, the grant
@@ -254,7 +244,7 @@ class _Plugin:
             self.chat_cache.taken(chat_blocks.taken_by_new_chat(sched, output))
         if self.directive is not None:
             rec.model_s = self.directive.model.step_seconds(rec.step)
-            rec.predicted_s = rec.model_s * self.scale()
+            rec.predicted_s = rec.model_s * self.scale.value
         self.pending.append((self.step_started, rec))
 
     def log_step(self, step: StepBatch, seconds: float) -> None:
@@ -281,8 +271,7 @@ class _Plugin:
             seconds = now - max(started, self.last_update)
             self.status.step(rec, seconds)
             if rec.model_s:
-                self.measured_sum = SCALE_MEMORY * self.measured_sum + seconds
-                self.predicted_sum = SCALE_MEMORY * self.predicted_sum + rec.model_s
+                self.scale.observe(seconds, rec.model_s, batch_chunk=rec.batch_prefill > 0)
             if self.step_log is not None and rec.step is not None and _has_work(rec.step):
                 self.log_step(rec.step, seconds)
         self.last_update = now

@@ -144,18 +144,31 @@ def test_the_fit_s_error_is_read_from_two_plug_in_status_documents() -> None:
     assert model_error(old_plugin, None) is None
 
 
-def test_a_spread_of_step_times_puts_a_tail_on_chat_gaps_and_keeps_their_mean() -> None:
-    bounds = tuple(b / 1000 for b in range(1, 500)) + (float("inf"),)
+SPREAD = tuple(np.linspace(0.8, 1.2, 99)) + (1.5, 1.6)
+"""Step time over price: mean about 1, a tail to 1.6."""
+
+
+def _spread_replay(target_ms: float | None, spread: tuple[float, ...]):
     chat = [record("chat", 100.0 + 0.5 * i, 300, 24, t_end=101.0 + i) for i in range(30)]
     run = RealRun(t0=100.0, t1=120.0, chat=chat, batch=[])
     workload = _workload(seats=2, doc_tokens=1500)
-    spread = tuple(np.linspace(0.8, 1.2, 99)) + (1.5, 1.6)  # mean about 1, a tail to 1.6
-    exact = simulate_replay(workload, run, SMALL, FIT, 15.0)
-    spread_out = simulate_replay(workload, run, SMALL, FIT, 15.0, step_time_spread=spread)
+    return simulate_replay(workload, run, SMALL, FIT, target_ms, step_time_spread=spread)
+
+
+def test_a_spread_of_step_times_puts_a_tail_on_chat_gaps_and_keeps_their_mean() -> None:
+    bounds = tuple(b / 1000 for b in range(1, 500)) + (float("inf"),)
+    exact, spread_out = _spread_replay(None, ()), _spread_replay(None, SPREAD)  # stock engine
     tail, flat = (figures_sim(r, bounds, 20.0, chat_only_itl=True) for r in (spread_out, exact))
-    assert tail["chat_itl_p99_ms"] > 1.2 * flat["chat_itl_p99_ms"]
+    assert tail["chat_itl_p99_ms"] > 1.1 * flat["chat_itl_p99_ms"]
     gaps = [np.mean(r.sim.recorder.class_gaps("chat")[0]) for r in (spread_out, exact)]
     assert gaps[0] == pytest.approx(gaps[1], rel=0.1)
+
+
+def test_the_simulated_plug_in_scales_its_model_by_the_tail_of_the_spread() -> None:
+    exact, spread_out = _spread_replay(15.0, ()), _spread_replay(15.0, SPREAD)
+    (flat,), (tail,) = ([r.engine.scale.value for r in x.sim.replicas] for x in (exact, spread_out))
+    assert flat == pytest.approx(1.0)
+    assert 1.4 <= tail <= 1.6  # the 99th percentile of the spread, as the real plug-in takes it
 
 
 def test_the_spread_is_each_prefill_step_s_time_over_price_relative_to_their_mean() -> None:
