@@ -58,20 +58,6 @@ class BatchStepTarget:
         return max(self.target_s, self.idle_target_s)
 
 
-SCALE_BOUNDS = (1.0, 3.0)
-"""Bounds of the plug-in's scale (`model_scale`). Never below 1: where steps run faster than the
-model says, the controller's feedback raises the target (it reads the ratio left); where slower,
-a fixed target is still kept, controller or not."""
-
-
-def model_scale(step_time_ratio: float) -> float:
-    """What the plug-in multiplies the control document's model by before sizing chunks: the
-    engine's measured over modelled step time, within `SCALE_BOUNDS`. A target of T ms then means
-    steps of T ms on an engine slower than its model, and of less on a faster one."""
-    lo, hi = SCALE_BOUNDS
-    return min(hi, max(lo, step_time_ratio))
-
-
 def is_batch(priority: int) -> bool:
     """Whether a request of this vLLM priority is batch work (chat sends 0, batch more)."""
     return priority > CHAT_PRIORITY

@@ -1,8 +1,8 @@
-"""The plug-in's correction of its latency model on the engine it runs in (docs/design.md §4.3).
+"""The plug-in's correction of its latency model on the engine it runs in (docs/design.md §6).
 
 The control document's model is a fit taken on another hour, or on another host of the same kind,
-and even a fresh fit is right only on average: on a CPU replica the same step composition runs
-±10% from one step to the next. Sized to the model's mean, half of the steps that carry a batch
+and even a fresh fit is right only on average: the same step composition takes a different time
+from one step to the next (other processes, caches, the host's clock). Sized to the model's mean, half of the steps that carry a batch
 chunk run over the target, and an ITL p99 SLO is judged by the slowest 1% of chat's gaps. So the
 plug-in scales the model by the *tail* of its own error: the `TAIL_QUANTILE` of measured over
 modelled time across the last `SIZED_STEPS` steps whose length it chose (those that carried a batch
@@ -13,8 +13,7 @@ Until `SIZED_MIN` such steps have run (cold start, or after a restart), the scal
 time-weighted mean ratio over every step, chat's own included: those already tell how fast this
 host is against the fit, though not yet how widely a batch step strays from it.
 
-Both estimates pass through `model_scale` (never below 1: where steps run faster than the model
-says, a controller's feedback raises the target). A controller reads the ratio left after the scale
+Both estimates are held within `SCALE_BOUNDS`. A controller reads the ratio left after the scale
 (measured over scaled prediction, below 1 by the error's spread) and sends its target over it, so
 under feedback the scale moves where steps sit, not the SLO the controller holds.
 """
@@ -24,8 +23,10 @@ from __future__ import annotations
 import math
 from collections import deque
 
-from scheduler.step_budget import model_scale
-
+SCALE_BOUNDS = (1.0, 3.0)
+"""Never below 1: where steps run faster than the model says, a controller's feedback raises the
+target (it reads the ratio left); where slower, a fixed target is still kept, controller or not.
+Past 3x the model describes another machine."""
 TAIL_QUANTILE = 0.99
 """The quantile of the model's error the scale takes: the tail an ITL p99 SLO judges."""
 SIZED_STEPS = 256
@@ -41,7 +42,7 @@ MEAN_MEMORY = 0.98
 class StepTimeScale:
     """Measured over modelled step time on this engine, as the plug-in sizes batch chunks by it.
 
-    Invariants: `value` is within `SCALE_BOUNDS` (via `model_scale`) and changes only in `observe`;
+    Invariants: `value` is within `SCALE_BOUNDS` and changes only in `observe`;
     a step without a modelled time (no control document) changes nothing.
     """
 
@@ -60,12 +61,17 @@ class StepTimeScale:
         if batch_chunk:
             self.sized.append(measured_s / modelled_s)
         if len(self.sized) >= SIZED_MIN:
-            self.value = model_scale(_quantile(self.sized, TAIL_QUANTILE))
+            self.value = _bounded(_quantile(self.sized, TAIL_QUANTILE))
         else:
-            self.value = model_scale(self.measured_sum / self.modelled_sum)
+            self.value = _bounded(self.measured_sum / self.modelled_sum)
 
 
 def _quantile(values: deque[float], q: float) -> float:
     """The smallest value with at least `q` of `values` at or below it."""
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, max(0, math.ceil(q * len(ordered)) - 1))]
+
+
+def _bounded(ratio: float) -> float:
+    lo, hi = SCALE_BOUNDS
+    return min(hi, max(lo, ratio))

@@ -4,8 +4,7 @@ import random
 
 import pytest
 
-from scheduler.step_budget import SCALE_BOUNDS
-from scheduler.step_scale import SIZED_MIN, SIZED_STEPS, StepTimeScale
+from scheduler.step_scale import SCALE_BOUNDS, SIZED_MIN, SIZED_STEPS, StepTimeScale
 
 
 def test_before_any_step_the_model_is_taken_as_it_is() -> None:
