@@ -126,8 +126,9 @@ def status(state_dir: Path = StateDir) -> None:
 def plugin_line(name: str, doc: dict) -> str:
     """One replica's engine plug-in, as `engine status` shows it: what it applies, and its last
     status interval (about a second): steps (and how many ran at the target: the target held a
-    batch prefill back), their measured and predicted time, batch prefill tokens per step that
-    carried batch, and chat's own ITL p99 since the engine started."""
+    batch prefill back), their measured and predicted time and the scale the plug-in prices its
+    model with here (`scheduler/step_scale.py`), batch prefill tokens per step that carried batch,
+    and chat's own ITL p99 since the engine started."""
     from serving.metrics import histogram_quantile
     from serving.plugin_sensor import status_histogram
 
@@ -140,12 +141,15 @@ def plugin_line(name: str, doc: dict) -> str:
     applies = doc.get("state", "?") + ("" if target is None else f", target {target:g} ms")
     p99 = histogram_quantile(status_histogram(doc, "chat_itl_seconds"), 0.99)
     cache = doc.get("chat_cache_tokens")
+    scale = doc.get("model_scale")
     return (
         f"{name}: plug-in {applies} (seq {doc.get('control_seq')}, {doc.get('rejected', 0)} "
         f"rejected); last interval {recent.get('steps', 0)} steps "
         f"({recent.get('target_bound_steps', 0)} at the target), "
         f"mean {ms(recent.get('mean_step_ms'))}"
-        f" (predicted {ms(recent.get('mean_predicted_ms'))}), batch "
+        f" (predicted {ms(recent.get('mean_predicted_ms'))}"
+        + ("" if scale is None else f", model x{scale:.2f} here")
+        + "), batch "
         f"{recent.get('batch_prefill_tokens_per_batch_step', 0):.0f} tokens per batch step; "
         f"chat ITL p99 {ms(None if p99 is None else 1000 * p99)} since start"
         + ("" if cache is None else f"; chat's cached histories {cache} tokens")

@@ -139,6 +139,7 @@ class _Plugin:
             "rejected": ch.rejected if ch else 0,
             "last_rejection": ch.last_rejection if ch else None,
             "chat_cache_tokens": self.chat_cache.tokens(time.monotonic(), self.cache_horizon()),
+            "model_scale": self.scale.value,
         }
 
     def cache_horizon(self) -> float | None:

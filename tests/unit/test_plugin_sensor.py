@@ -41,6 +41,9 @@ def test_engine_status_shows_how_many_steps_of_the_last_interval_ran_at_the_targ
         status.step(StepRecord(batch_prefill=64 * bound, chat_decode=2, target_bound=bound), 0.02)
     line = plugin_line("r0", status.document({"state": "active", "batch_step_target_ms": 20}))
     assert "3 steps (2 at the target)" in line and "target 20 ms" in line
+    assert "model x" not in line  # a status written before the plug-in reported its scale
+    doc = status.document({"state": "active", "batch_step_target_ms": 20, "model_scale": 1.07})
+    assert "model x1.07 here" in plugin_line("r0", doc)
 
 
 def test_chats_cached_histories_reach_the_controller_and_engine_status(tmp_path):
