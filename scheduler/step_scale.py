@@ -2,12 +2,13 @@
 
 The control document's model is a fit taken on another hour, or on another host of the same kind,
 and even a fresh fit is right only on average: the same step composition takes a different time
-from one step to the next (other processes, caches, the host's clock). Sized to the model's mean, half of the steps that carry a batch
-chunk run over the target, and an ITL p99 SLO is judged by the slowest 1% of chat's gaps. So the
-plug-in scales the model by the *tail* of its own error: the `TAIL_QUANTILE` of measured over
-modelled time across the last `SIZED_STEPS` steps whose length it chose (those that carried a batch
-prefill chunk). Chunks sized to the scaled model then keep all but about 1% of those steps within
-the target, which is what a target of T ms promises: batch steps of at most about T ms here.
+from one step to the next (other processes, caches, the host's clock). Sized to the model's mean,
+half of the steps that carry a batch chunk run over the target, and an ITL p99 SLO is judged by the
+slowest 1% of chat's gaps. So the plug-in scales the model by the *tail* of its own error: the
+`TAIL_QUANTILE` of measured over modelled time across the last `SIZED_STEPS` steps whose length it
+chose (those that carried a batch prefill chunk). Chunks sized to the scaled model then keep all
+but about 1% of those steps within the target, which is what a target of T ms promises: batch
+steps of at most about T ms here.
 
 Until `SIZED_MIN` such steps have run (cold start, or after a restart), the scale is the
 time-weighted mean ratio over every step, chat's own included: those already tell how fast this
@@ -60,10 +61,10 @@ class StepTimeScale:
         self.modelled_sum = MEAN_MEMORY * self.modelled_sum + modelled_s
         if batch_chunk:
             self.sized.append(measured_s / modelled_s)
-        if len(self.sized) >= SIZED_MIN:
-            self.value = _bounded(_quantile(self.sized, TAIL_QUANTILE))
-        else:
+        if len(self.sized) < SIZED_MIN:
             self.value = _bounded(self.measured_sum / self.modelled_sum)
+        elif batch_chunk:  # the tail moves only with the steps it is taken over: sort only then
+            self.value = _bounded(_quantile(self.sized, TAIL_QUANTILE))
 
 
 def _quantile(values: deque[float], q: float) -> float:
