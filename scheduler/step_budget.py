@@ -8,6 +8,9 @@ predicted time within the batch step target and its tokens within the step's roo
 depends on where it sits in its prompt (attention over the prefix before it), so the same target
 gives a short chunk deep in an 80k-token document and a long one at its start.
 
+A step that carries a chat prompt's prefill carries no batch prefill (`batch_room`): chat's
+first token then waits for at most one step the target bounds, as each of its later tokens does.
+
 Invariants of every grant:
 - it never exceeds the request's remaining prompt nor the step's remaining token room;
 - it is a multiple of the KV block size, or exactly the remaining prompt (the chunk that ends a
@@ -178,7 +181,12 @@ def chat_reservation(
     """The part of the next step that is never cut, and its tokens: every decode, the running
     chat prefills, then the waiting chat prompts in queue order (priority order puts every chat
     before every batch request) while tokens and seats last. `chunk_tokens` is the engine's cap
-    on one prefill chunk (vLLM's `long-prefill-token-threshold`, or the whole step)."""
+    on one prefill chunk (vLLM's `long-prefill-token-threshold`, or the whole step).
+
+    A caller passes no waiting requests for the step after one whose reserved chat prompts the
+    engine could not start (no KV for them): reserved again, they would leave batch no room, and
+    the batch prefills holding that KV would never move to free it (the engine preempts batch
+    for a running request's blocks, never for a waiting one's)."""
     chunks: list[PrefillChunk] = []
     decodes = context = reserved = 0
     for r in running:
@@ -195,6 +203,17 @@ def chat_reservation(
         chunks.append(PrefillChunk(n, r.computed_tokens))
         reserved, free_seats = reserved + n, free_seats - 1
     return StepBatch(tuple(chunks), decodes, context), min(reserved, step_tokens)
+
+
+def batch_room(step_tokens: int, reserved: int, fixed: StepBatch, paused: bool = False) -> int:
+    """Tokens batch prefill may take in a step whose never-cut part is `fixed` (`reserved` of the
+    engine's `step_tokens`): none while paused, and none in a step that carries a chat prompt's
+    prefill. A chat token waits for the step it arrived during and then its own; for a later token
+    that is one step the target bounds, and this keeps it so for the first: a chat prompt arriving
+    while batch fills a step to the target is not slowed by batch a second time in its own step."""
+    if paused or fixed.prefills:
+        return 0
+    return max(0, step_tokens - reserved)
 
 
 def size_batch_prefills(

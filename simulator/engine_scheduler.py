@@ -26,6 +26,7 @@ from scheduler.step_budget import (
     InEngine,
     StepBudget,
     any_chat,
+    batch_room,
     chat_reservation,
 )
 from scheduler.step_scale import StepTimeScale
@@ -95,6 +96,10 @@ class EngineScheduler:
         self.batch_target: BatchStepTarget | None = None
         """The plug-in's batch step target for this replica; None: stock scheduling."""
         self._step_budget: StepBudget | None = None
+        self._chat_reserved = False
+        self._chat_prefill_stalled = False
+        """The last step reserved chat prefill and scheduled none of it: the next leaves waiting
+        chat out of its reservation (`chat_reservation`)."""
         self.chat_cache = ChatCacheSet(kv.block_size)
         self.chat_cache_horizon_s: float | None = None
         """How far back chat's prefix-cache working set is counted, as the plug-in does for the
@@ -122,11 +127,21 @@ class EngineScheduler:
 
     def schedule(self) -> ScheduledStep | None:
         """Choose this step's work, or None when there is nothing the replica can do now."""
+        step = self._compose()
+        if step is None and self._chat_prefill_stalled:
+            # The engine's next (empty, instant) step reserves no waiting chat, so batch moves.
+            step = self._compose()
+        return step
+
+    def _compose(self) -> ScheduledStep | None:
         step = ScheduledStep()
         self._step_budget = self._plug_in_budget()
         budget = self._schedule_running(step, self.budget)
         if budget is not None:
             self._schedule_waiting(step, budget)
+        self._chat_prefill_stalled = self._chat_reserved and not any(
+            r.cls != "batch" for r, _ in step.prefills
+        )
         if not step.decodes and not step.prefills:
             return None
         step.target_bound = self._step_budget is not None and self._step_budget.target_bound
@@ -140,17 +155,21 @@ class EngineScheduler:
     def _plug_in_budget(self) -> StepBudget | None:
         """This step's budget for batch prefill, after chat's reservation (None: stock)."""
         target = self.batch_target
+        self._chat_reserved = False
         if target is None:
             return None
         waiting = sorted(self._heap) if self.by_priority else self._fifo
         fixed, reserved = chat_reservation(
             map(_in_engine, self.running),
-            (_in_engine(e[3] if self.by_priority else e) for e in waiting),
+            (_in_engine(e[3] if self.by_priority else e) for e in waiting)
+            if not self._chat_prefill_stalled
+            else (),
             self.budget,
             self.threshold or self.budget,
             self.max_seqs - len(self.running),
         )
-        room = 0 if target.paused else self.budget - reserved
+        self._chat_reserved = bool(fixed.prefills)
+        room = batch_room(self.budget, reserved, fixed, target.paused)
         chat = any_chat(
             [*map(_in_engine, self.running),
              *(_in_engine(e[3] if self.by_priority else e) for e in waiting)]

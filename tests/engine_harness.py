@@ -182,6 +182,21 @@ def case_malformed(folder: Path) -> dict:
     return {"valid": valid, "after": after, "status": _status(s, folder)}
 
 
+def case_kv_stall(folder: Path) -> dict:
+    """A 30-block KV pool: a 400-token batch prompt half prefilled leaves too few blocks for a
+    300-token chat prompt, which can start only once the batch request finishes."""
+    s = make(budget_scheduler.BudgetScheduler, folder, blocks=30)
+    send(folder, 1, TARGET_MS)
+    s.add_request(request("batch", 400, 10, max_tokens=4))
+    steps = [step(s)]
+    s.add_request(request("chat", CHAT_PROMPT, 0))
+    for _ in range(12):
+        steps.append(step(s))
+        if "chat" in steps[-1]:
+            break
+    return {"steps": steps}
+
+
 def case_garbage_first(folder: Path) -> dict:
     (folder / "control.json").write_text("not json at all")
     s = make(budget_scheduler.BudgetScheduler, folder)

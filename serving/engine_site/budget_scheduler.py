@@ -104,6 +104,11 @@ class _Plugin:
         """Whether this step's budget granted a batch prefill nothing."""
         self.target_bound = False
         """Whether this step's target held a batch prefill back (`StepBudget.target_bound`)."""
+        self.chat_reserved = False
+        """Whether this step's budget reserved a chat prompt's prefill (batch then gets no room)."""
+        self.chat_prefill_stalled = False
+        """Whether the last step reserved chat prefill and vLLM scheduled none: the next step
+        leaves the waiting chat prompts out of its reservation (`chat_reservation`)."""
         self.chat_cache = ChatCacheSet(sched.block_size)
         self.engine: object | None = None
         self.input_arrived: Callable[[float], bool] | None = None
@@ -151,13 +156,16 @@ class _Plugin:
     def begin_step(self, sched) -> None:
         self.step_started = time.monotonic()
         self.budget = None
-        self.held_back = self.target_bound = False
+        self.held_back = self.target_bound = self.chat_reserved = False
         self.directive = self.channel.directive() if self.channel else None
         d = self.directive
         if d is None:
             return
-        fixed, reserved = chat_reservation(sched)
-        room = 0 if not d.sizing else sched.max_num_scheduled_tokens - reserved
+        fixed, reserved = chat_reservation(sched, waiting=not self.chat_prefill_stalled)
+        self.chat_reserved = bool(fixed.prefills)
+        room = step_budget.batch_room(
+            sched.max_num_scheduled_tokens, reserved, fixed, paused=not d.sizing
+        )
         # Whether chat is in the engine matters only with an idle target; skip the scan without.
         chat = d.idle_target_s is None or step_budget.any_chat(
             map(_in_engine, [*sched.running, *sched.waiting])
@@ -240,6 +248,7 @@ class _Plugin:
                 rec.batch_prefill += n if batch else 0
                 rec.chat_prefill += 0 if batch else n
         rec.step = StepBatch(tuple(chunks), decodes, context)
+        self.chat_prefill_stalled = self.chat_reserved and not rec.chat_prefill
         rec.target_bound = self.target_bound
         if self.cache_horizon() is not None:
             self.chat_cache.taken(chat_blocks.taken_by_new_chat(sched, output))
@@ -303,13 +312,14 @@ def _has_work(step: StepBatch) -> bool:
     return bool(step.prefills or step.decode_seqs)
 
 
-def chat_reservation(sched) -> tuple[StepBatch, int]:
-    """`scheduler.step_budget.chat_reservation` over this vLLM scheduler's queues."""
+def chat_reservation(sched, waiting: bool = True) -> tuple[StepBatch, int]:
+    """`scheduler.step_budget.chat_reservation` over this vLLM scheduler's queues (its waiting
+    queue left out unless `waiting`)."""
     step_tokens = sched.max_num_scheduled_tokens
     seats = sched.max_num_running_reqs - len(sched.running)
     return step_budget.chat_reservation(
         map(_in_engine, sched.running),
-        map(_in_engine, sched.waiting),
+        map(_in_engine, sched.waiting if waiting else ()),
         step_tokens,
         sched.scheduler_config.long_prefill_token_threshold or step_tokens,
         seats,

@@ -34,6 +34,7 @@ CASES = [
     "no_engine",
     "eviction",
     "chat_cache",
+    "kv_stall",
 ]
 
 
@@ -61,10 +62,22 @@ def test_batch_is_capped_per_step_and_a_new_chat_gets_its_whole_prompt(seen):
     steps = seen["target"]["steps"]
     assert all(0 < s["batch"] < 512 for s in steps[:3])
     assert steps[3]["chat"] == 300, "the chat prompt arriving mid-prefill gets all of it at once"
+    assert "batch" not in steps[3], "and its step to itself: batch delays its first token once"
     assert all(s.get("chat") == 1 for s in steps[4:]), "then it decodes every step"
     grants = [s["batch"] for s in steps[4:]]
     assert all(g % 16 == 0 for g in grants)
     assert grants[-1] <= grants[0], "deeper into the prompt, the same target buys no more"
+
+
+def test_batch_moves_again_beside_a_chat_prompt_that_finds_no_kv(seen):
+    """Left no room beside a chat prompt the KV cannot take, the half-prefilled batch request
+    would hold its blocks and the chat its turn for good; after one step that started no chat,
+    batch moves, finishes, frees its blocks and the chat starts."""
+    steps = seen["kv_stall"]["steps"]
+    assert 0 < steps[0]["batch"] < 400
+    assert steps[1] == {}, "the step reserved for the chat prompt: no batch, and no KV for chat"
+    assert steps[2]["batch"] > 0, "then batch moves"
+    assert steps[-1].get("chat") == 300, steps
 
 
 def test_the_gpu_variant_on_vllms_async_scheduler_grants_what_the_sync_one_does(seen):
@@ -180,35 +193,46 @@ def test_canary_the_vllm_internals_the_plugin_relies_on_are_unchanged(seen):
     assert canary["problems"] == [], f"vLLM {canary['vllm']}: " + "; ".join(canary["problems"])
 
 
-def simulated_chat_arrives_mid_prefill() -> list[dict[str, int]]:
-    """The `target` case on the simulator's engine: what it would schedule, step by step."""
+def simulated(
+    batch_prompt: int, chat_at: int, steps: int, kv_blocks: int = 12_500, max_tokens: int = 8
+) -> list[dict[str, int]]:
+    """A harness case on the simulator's engine: what it would schedule, step by step (an empty
+    step where it would go idle)."""
     params = EngineParams(
-        kv_capacity_tokens=200_000,
+        kv_capacity_tokens=kv_blocks * BLOCK,
         block_size=BLOCK,
         max_num_batched_tokens=STEP_TOKENS,
         long_prefill_token_threshold=STEP_TOKENS,
         max_num_seqs=16,
         enable_prefix_caching=False,
     )
-    eng = EngineScheduler(params, KVCache(200_000, BLOCK, False))
+    eng = EngineScheduler(params, KVCache(kv_blocks * BLOCK, BLOCK, False))
     eng.batch_target = BatchStepTarget(TARGET_MS / 1000, MODEL)
 
-    def req(rid, prompt, cls, priority):
+    def req(rid, prompt, cls, priority, out=8):
         segments = (Segment((rid,), prompt),)
-        return Request(rid, cls, "chat", priority, 0.0, segments, 8, (rid, "out"))
+        return Request(rid, cls, "chat", priority, 0.0, segments, out, (rid, "out"))
 
-    eng.add(req("batch", BATCH_PROMPT, "batch", BATCH_PRIORITY))
-    steps = []
-    for i in range(9):
-        if i == 3:
+    eng.add(req("batch", batch_prompt, "batch", BATCH_PRIORITY, max_tokens))
+    seen = []
+    for i in range(steps):
+        if i == chat_at:
             eng.add(req("chat", CHAT_PROMPT, "chat", CHAT_PRIORITY))
         s = eng.schedule()
-        steps.append(
-            {r.request_id: n for r, n in s.prefills} | {r.request_id: 1 for r in s.decodes}
-        )
+        if s is None:
+            seen.append({})
+            continue
+        seen.append({r.request_id: n for r, n in s.prefills} | {r.request_id: 1 for r in s.decodes})
         eng.complete(s, float(i))
-    return steps
+    return seen
 
 
 def test_the_simulators_engine_grants_what_the_plugin_grants_step_by_step(seen):
-    assert simulated_chat_arrives_mid_prefill() == seen["target"]["steps"]
+    assert simulated(BATCH_PROMPT, chat_at=3, steps=9) == seen["target"]["steps"]
+
+
+def test_the_simulators_engine_moves_batch_beside_a_chat_prompt_that_finds_no_kv(seen):
+    """As the plug-in does, less the empty step, which the simulated engine takes at once."""
+    real = [s for s in seen["kv_stall"]["steps"] if s]
+    sim = simulated(400, chat_at=1, steps=len(real), kv_blocks=30, max_tokens=4)
+    assert sim == real

@@ -10,6 +10,7 @@ from scheduler.step_budget import (
     BatchPrefill,
     BatchStepTarget,
     StepBudget,
+    batch_room,
     is_batch,
     size_batch_prefills,
 )
@@ -106,3 +107,13 @@ def test_with_no_chat_in_the_engine_a_step_runs_to_the_idle_target():
     tight = size_batch_prefills(MODEL, target.step_target_s(True), 512, alone, deep)[0]
     idle = size_batch_prefills(MODEL, target.step_target_s(False), 512, alone, deep)[0]
     assert tight == 0 < idle, "deep in a prompt only the idle target buys a chunk"
+
+
+def test_a_step_that_carries_a_chat_prompt_leaves_batch_no_room():
+    """A chat prompt's own step is chat's: its first token waits for at most one step the target
+    bounds, as its later tokens do."""
+    decodes = StepBatch((), decode_seqs=8, decode_context_tokens=8000)
+    assert batch_room(512, 8, decodes) == 504
+    assert batch_room(512, 136, CHAT) == 0
+    assert batch_room(512, 8, decodes, paused=True) == 0
+    assert batch_room(512, 600, decodes) == 0
