@@ -5,15 +5,19 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 from pathlib import Path
 
 import pytest
 
-from bench.processes import command, wait_gone
+from bench.processes import alive, command, wait_gone
 
 HERE = Path(__file__).resolve().parent
 RAY_AGENTS = ("ray::DashboardAgent", "ray::RuntimeEnvAgent")
 """Ray's node agents: they notice their raylet is gone only a minute or two after it."""
+RAY_AGENT_SCRIPTS = ("/ray/dashboard/agent.py", "/ray/_private/runtime_env/agent/main.py")
+"""The same agents before they take their titles (their first second or so after the raylet
+starts them), when their command line is still `python -u .../agent.py ...`."""
 
 
 @pytest.fixture(scope="session")
@@ -27,8 +31,26 @@ def ray_agents():
 
 
 def agents_among(pids: set[int]) -> set[int]:
-    """Those of `pids` that are Ray node agents (see `ray_agents`)."""
-    return {p for p in pids if command(p).startswith(RAY_AGENTS)}
+    """Those of `pids` that are Ray node agents (see `ray_agents`), titled or not yet."""
+    return {p for p in pids if is_agent(command(p))}
+
+
+def is_agent(line: str) -> bool:
+    return line.startswith(RAY_AGENTS) or any(s in line for s in RAY_AGENT_SCRIPTS)
+
+
+def wait_gone_but_agents(pids: set[int], timeout_s: float) -> tuple[set[int], set[int]]:
+    """Wait up to `timeout_s` for every one of `pids` that is not a Ray node agent to end;
+    returns (those left, the agents among `pids` still alive). Agents are told apart at each
+    look, not once: a process seen as the raylet's fork, or as an agent before its title,
+    becomes one only later."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        left = alive(pids)
+        lingering = agents_among(left)
+        if not left - lingering or time.monotonic() >= deadline:
+            return left - lingering, lingering
+        time.sleep(0.25)
 
 
 def pytest_collection_modifyitems(config, items) -> None:

@@ -17,8 +17,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from bench.processes import command, descendants, wait_gone
-from tests.faults.conftest import agents_among, send_stop
+from bench.processes import command, descendants
+from tests.faults.conftest import send_stop, wait_gone_but_agents
 from tests.replicas import TINY
 from warehouse.run_files import read_table
 
@@ -76,9 +76,8 @@ def test_killed_run_leaves_nothing_and_its_rerun_loses_and_repeats_nothing(
     assert 2 <= len(done_before) < len(DOCS), "the kill did not land mid-night"
     # Ray's node agents are checked at the session's end, everything else (replica, Ray,
     # Prefect) now.
-    agents = agents_among(tree)
+    left, agents = wait_gone_but_agents(tree, timeout_s=60)
     ray_agents.update(dict.fromkeys(agents, "nightshift run killed"))
-    left = wait_gone(tree - agents, timeout_s=60)
     assert not left, [command(p) for p in left]
 
     rerun = start_run(tmp_path, "killed", "--replica-url", tiny_replica.base_url)
@@ -141,9 +140,8 @@ def test_ctrl_c_then_sigterm_stop_a_night_whose_next_run_finishes_it(
         assert before < len(summaries_so_far(run_dir)) < len(docs), (
             "the signal did not land mid-night"
         )
-        agents = agents_among(tree)
+        left, agents = wait_gone_but_agents(tree, timeout_s=60)
         ray_agents.update(dict.fromkeys(agents, f"nightshift run, {sig.name}"))
-        left = wait_gone(tree - agents, timeout_s=60)
         assert not left, (sig.name, [command(p) for p in left])
         print(
             f"{sig.name}: run exited {exited:.1f} s after it, its processes gone {time.monotonic() - sent:.1f} s after it"

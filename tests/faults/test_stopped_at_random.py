@@ -28,10 +28,10 @@ from pathlib import Path
 import duckdb
 import pytest
 
-from bench.processes import command, descendants, group_members, wait_gone
+from bench.processes import command, descendants, group_members
 from scheduler.run_schemas import RUN_TABLES
 from serving.launcher import port_in_use
-from tests.faults.conftest import agents_among, send_stop
+from tests.faults.conftest import send_stop, wait_gone_but_agents
 from tests.replicas import TINY
 from warehouse.run_files import list_runs, read_table, run_dir
 
@@ -96,9 +96,8 @@ def stop_at_random(
     said = log.read_text(errors="replace")
     aborted = proc.returncode == -signal.SIGABRT or "SIGTERM received" in said  # Ray's trace
     assert not aborted, f"{replay}: aborted\n{tail(log)}"
-    lingering = agents_among(seen)  # checked at the session's end (`ray_agents`)
-    agents.update(dict.fromkeys(lingering, replay))
-    left = wait_gone(seen - lingering, timeout_s=60)
+    left, lingering = wait_gone_but_agents(seen, timeout_s=60)
+    agents.update(dict.fromkeys(lingering, replay))  # checked at the session's end (`ray_agents`)
     assert not left, (replay, [command(p) for p in left])
     for port in replica_ports(results):
         assert not port_in_use("127.0.0.1", port), f"{replay}: port {port} still held"
