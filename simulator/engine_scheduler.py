@@ -125,17 +125,18 @@ class EngineScheduler:
     def waiting(self) -> list[Request]:
         return [e[3] for e in self._heap] + list(self._fifo)
 
-    def schedule(self) -> ScheduledStep | None:
-        """Choose this step's work, or None when there is nothing the replica can do now."""
-        step = self._compose()
+    def schedule(self, now: float) -> ScheduledStep | None:
+        """Choose the work of the step that starts at `now`, or None when there is nothing the
+        replica can do now."""
+        step = self._compose(now)
         if step is None and self._chat_prefill_stalled:
             # The engine's next (empty, instant) step reserves no waiting chat, so batch moves.
-            step = self._compose()
+            step = self._compose(now)
         return step
 
-    def _compose(self) -> ScheduledStep | None:
+    def _compose(self, now: float) -> ScheduledStep | None:
         step = ScheduledStep()
-        self._step_budget = self._plug_in_budget()
+        self._step_budget = self._plug_in_budget(now)
         budget = self._schedule_running(step, self.budget)
         if budget is not None:
             self._schedule_waiting(step, budget)
@@ -152,7 +153,7 @@ class EngineScheduler:
         )
         return step
 
-    def _plug_in_budget(self) -> StepBudget | None:
+    def _plug_in_budget(self, now: float) -> StepBudget | None:
         """This step's budget for batch prefill, after chat's reservation (None: stock)."""
         target = self.batch_target
         self._chat_reserved = False
@@ -174,7 +175,7 @@ class EngineScheduler:
             [*map(_in_engine, self.running),
              *(_in_engine(e[3] if self.by_priority else e) for e in waiting)]
         )  # fmt: skip
-        target_s = target.step_target_s(chat) / self.scale.value
+        target_s = target.step_target_s(chat) / self.scale.at(now)
         return StepBudget(
             target.model, target_s, room, fixed, self.block_size, target.min_chunk_tokens
         )

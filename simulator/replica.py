@@ -89,7 +89,7 @@ class Replica:
     def start_step(self, now: float) -> float | None:
         """Schedule and price the next step; returns its end time, or None (and goes idle)."""
         preempted_before = self.engine.preemptions
-        step = self.engine.schedule()
+        step = self.engine.schedule(now)
         self.sensor.current.preemptions += self.engine.preemptions - preempted_before
         self.step = step
         if step is None:
@@ -109,9 +109,10 @@ class Replica:
         outcome = self.engine.complete(self.step, now)
         dt = now - self.step_started
         self.steps += 1
-        if self.engine.batch_target is not None:
-            batch_chunk = any(r.cls == "batch" for r, _ in self.step.prefills)
-            self.engine.scale.observe(dt, self.step_price, batch_chunk)
+        if self.engine.batch_target is not None and any(
+            r.cls == "batch" for r, _ in self.step.prefills
+        ):
+            self.engine.scale.observe(now, dt, self.step_price)
         iv = self.sensor.current
         iv.steps.append(dt)
         iv.target_bound_steps += self.step.target_bound

@@ -197,6 +197,27 @@ def case_kv_stall(folder: Path) -> dict:
     return {"steps": steps}
 
 
+def case_stale_scale(folder: Path) -> dict:
+    """The model's scale at its bound after a spell of slow batch steps, under a target of twice
+    one block's bare price: no chunk fits; then that evidence grows older than the scale keeps it."""
+    from collections import deque
+
+    from scheduler.step import PrefillChunk, StepBatch
+    from scheduler.step_scale import SAMPLE_LIFE_S
+
+    s = make(budget_scheduler.BudgetScheduler, folder)
+    block_ms = 1000 * MODEL.step_seconds(StepBatch((PrefillChunk(BLOCK, 0),)))
+    send(folder, 1, 2 * block_ms)
+    scale = s._nightshift.scale
+    for _ in range(40):
+        scale.observe(time.monotonic(), 0.030, 0.010)  # 3x the model
+    s.add_request(request("batch", BATCH_PROMPT, 10))
+    latched = [step(s) for _ in range(2)]
+    scale.sized = deque(((t - SAMPLE_LIFE_S - 1, r) for t, r in scale.sized), scale.sized.maxlen)
+    freed = [step(s) for _ in range(2)]
+    return {"latched": latched, "freed": freed, "scale": scale.value}
+
+
 def case_garbage_first(folder: Path) -> dict:
     (folder / "control.json").write_text("not json at all")
     s = make(budget_scheduler.BudgetScheduler, folder)

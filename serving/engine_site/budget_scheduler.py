@@ -82,7 +82,8 @@ class _Plugin:
     """The plug-in's state beside one scheduler: channel, status, this step's budget.
 
     `scale` is the control document's latency model priced with this engine's own steps
-    (`scheduler.step_scale`: the tail of its error over recent steps that carried a batch chunk).
+    (`scheduler.step_scale`: the tail of its error over the recent steps that carried a batch
+    chunk, forgotten after `SAMPLE_LIFE_S` so that a scale set too high cannot hold batch for good).
     Batch chunks are sized so that the *scaled* prediction fits the target, and the status reports
     scaled predictions, so a target of T ms means batch steps of at most about T ms here, and the
     measured/predicted ratio a controller reads is what is left after this correction.
@@ -172,7 +173,8 @@ class _Plugin:
         )
         target = BatchStepTarget(d.target_s, d.model, idle_target_s=d.idle_target_s)
         target_s = target.step_target_s(chat)
-        self.budget = StepBudget(d.model, target_s / self.scale.value, room, fixed, sched.block_size,
+        scale = self.scale.at(self.step_started)
+        self.budget = StepBudget(d.model, target_s / scale, room, fixed, sched.block_size,
                                  d.min_chunk_tokens)  # fmt: skip
 
     def cap(self, request, num_computed_tokens: int, num_new_tokens: int) -> int:
@@ -280,8 +282,8 @@ class _Plugin:
             # overlap (the asynchronous scheduler plans step n+1 while step n runs).
             seconds = now - max(started, self.last_update)
             self.status.step(rec, seconds)
-            if rec.model_s:
-                self.scale.observe(seconds, rec.model_s, batch_chunk=rec.batch_prefill > 0)
+            if rec.model_s and rec.batch_prefill:
+                self.scale.observe(now, seconds, rec.model_s)
             if self.step_log is not None and rec.step is not None and _has_work(rec.step):
                 self.log_step(rec.step, seconds)
         self.last_update = now

@@ -35,6 +35,7 @@ CASES = [
     "eviction",
     "chat_cache",
     "kv_stall",
+    "stale_scale",
 ]
 
 
@@ -78,6 +79,15 @@ def test_batch_moves_again_beside_a_chat_prompt_that_finds_no_kv(seen):
     assert steps[1] == {}, "the step reserved for the chat prompt: no batch, and no KV for chat"
     assert steps[2]["batch"] > 0, "then batch moves"
     assert steps[-1].get("chat") == 300, steps
+
+
+def test_a_scale_a_passing_spell_set_high_holds_batch_only_until_its_evidence_expires(seen):
+    """The scale learns only from batch steps, so one that forbids every chunk would never learn
+    it is too high: its evidence expires, and the step it then allows sets it afresh."""
+    case = seen["stale_scale"]
+    assert case["latched"] == [{}, {}], "at 3x the model, no block fits the target"
+    assert all(s.get("batch", 0) > 0 for s in case["freed"]), case["freed"]
+    assert case["scale"] == 1.0, "learnt from the step it allowed (microseconds here)"
 
 
 def test_the_gpu_variant_on_vllms_async_scheduler_grants_what_the_sync_one_does(seen):
@@ -218,7 +228,7 @@ def simulated(
     for i in range(steps):
         if i == chat_at:
             eng.add(req("chat", CHAT_PROMPT, "chat", CHAT_PRIORITY))
-        s = eng.schedule()
+        s = eng.schedule(float(i))
         if s is None:
             seen.append({})
             continue

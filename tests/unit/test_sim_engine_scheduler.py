@@ -28,7 +28,7 @@ def request(rid: str, prompt: int, output: int = 3, cls: str = "chat", t: float 
 
 
 def step(eng: EngineScheduler, now: float):
-    scheduled = eng.schedule()
+    scheduled = eng.schedule(now)
     assert scheduled is not None
     return scheduled, eng.complete(scheduled, now)
 
@@ -163,7 +163,7 @@ def test_abort_removes_requests_from_queue_step_and_memory():
     a, b = request("a", 50, output=10), request("b", 500, cls="batch")
     eng.add(a)
     eng.add(b)
-    s = eng.schedule()
+    s = eng.schedule(0.0)
     eng.abort([b], s)
     assert [r for r, _ in s.prefills] == [a]
     assert b not in eng.running and b not in eng.waiting()
