@@ -48,13 +48,22 @@ class StepTimeScale:
 
     Invariants: `value` is within `SCALE_BOUNDS`; it is 1 when no batch step of the last
     `SAMPLE_LIFE_S` has been observed, else the tail of those steps' ratios (the last
-    `SIZED_STEPS` of them). It changes only in `observe` and `at`.
+    `SIZED_STEPS` of them). Evidence changes only in `observe` and `at`; `value` is derived from
+    it when read, so a step that drops an expired sample and adds its own sorts once.
     """
 
     def __init__(self) -> None:
         self.sized: deque[tuple[float, float]] = deque(maxlen=SIZED_STEPS)
         """(when, measured over modelled) of the recent batch steps, oldest first."""
-        self.value = 1.0
+        self._value: float | None = SCALE_BOUNDS[0]
+        """The scale of the evidence as it stands; None once the evidence has changed."""
+
+    @property
+    def value(self) -> float:
+        if self._value is None:
+            ratios = [r for _, r in self.sized]
+            self._value = _bounded(_quantile(ratios, TAIL_QUANTILE)) if ratios else SCALE_BOUNDS[0]
+        return self._value
 
     def observe(self, now: float, measured_s: float, modelled_s: float) -> None:
         """A step that carried a batch prefill chunk the plug-in sized ended at `now`, having run
@@ -63,25 +72,19 @@ class StepTimeScale:
             return
         self._expire(now)
         self.sized.append((now, measured_s / modelled_s))
-        self._update()
+        self._value = None
 
     def at(self, now: float) -> float:
         """The scale to size the step that starts at `now`, evidence older than
         `SAMPLE_LIFE_S` dropped."""
-        if self._expire(now):
-            self._update()
+        self._expire(now)
         return self.value
 
-    def _expire(self, now: float) -> bool:
-        sized, dropped = self.sized, False
+    def _expire(self, now: float) -> None:
+        sized = self.sized
         while sized and now - sized[0][0] > SAMPLE_LIFE_S:
             sized.popleft()
-            dropped = True
-        return dropped
-
-    def _update(self) -> None:
-        ratios = [r for _, r in self.sized]
-        self.value = _bounded(_quantile(ratios, TAIL_QUANTILE)) if ratios else SCALE_BOUNDS[0]
+            self._value = None
 
 
 def _quantile(values: list[float], q: float) -> float:

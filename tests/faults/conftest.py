@@ -32,11 +32,11 @@ def ray_agents():
 
 def agents_among(pids: set[int]) -> set[int]:
     """Those of `pids` that are Ray node agents (see `ray_agents`), titled or not yet."""
-    return {p for p in pids if is_agent(command(p))}
-
-
-def is_agent(line: str) -> bool:
-    return line.startswith(RAY_AGENTS) or any(s in line for s in RAY_AGENT_SCRIPTS)
+    lines = {p: command(p) for p in pids}
+    return {
+        p for p, line in lines.items()
+        if line.startswith(RAY_AGENTS) or any(s in line for s in RAY_AGENT_SCRIPTS)
+    }  # fmt: skip
 
 
 def wait_gone_but_agents(pids: set[int], timeout_s: float) -> tuple[set[int], set[int]]:
