@@ -85,14 +85,13 @@ def model_location(config: EngineConfig) -> str:
 
 
 def engine_env(config: EngineConfig, base: Mapping[str, str]) -> dict[str, str]:
-    """What a replica's environment adds to `base`: the config's `env`, and, when that sets
-    `NIGHTSHIFT_SHM_WAIT_NAP_US`, `engine_site/` in front of PYTHONPATH so that every process of
-    the replica naps instead of spinning while it waits on the engine's queue (that directory's
-    sitecustomize.py says why)."""
+    """What a replica's environment adds to `base`: the config's `env`, and `engine_site/` in
+    front of PYTHONPATH, so that every process of the replica runs its start-up hook before vLLM
+    does (that directory's sitecustomize.py: AMX tile state asked for, and, when the config sets
+    `NIGHTSHIFT_SHM_WAIT_NAP_US`, a nap instead of a spin on the engine's queue)."""
     env = dict(config.env)
-    if env.get(SHM_NAP_ENV):
-        rest = env.get("PYTHONPATH", base.get("PYTHONPATH", ""))
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ENGINE_SITE), rest) if p)
+    rest = env.get("PYTHONPATH", base.get("PYTHONPATH", ""))
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ENGINE_SITE), rest) if p)
     return env
 
 

@@ -1,5 +1,14 @@
-"""Runs at start-up in every Python process of a replica this directory is put in front of
-(serving/launcher.py does so when the engine config sets `NIGHTSHIFT_SHM_WAIT_NAP_US`).
+"""Runs at start-up in every Python process of a replica (serving/launcher.py puts this directory
+in front of its PYTHONPATH), before vLLM runs: two fixes to the processes vLLM starts.
+
+**AMX tile state.** On an x86 CPU with AMX, vLLM's bf16 CPU attention kernel runs AMX tile
+instructions, and Linux grants a process the tile state only once it asks for it
+(`arch_prctl(ARCH_REQ_XCOMP_PERM)`); the kernel does not ask, so the model's worker dies of SIGILL
+on its first prefill of more than a few tokens (seen on a Xeon with `amx_tile`: every bf16 replica
+died on its warm-up request). Every process of the replica asks at start-up where the CPU and
+kernel support it; elsewhere this does nothing.
+
+**The shared-memory nap** (only when the engine config sets `NIGHTSHIFT_SHM_WAIT_NAP_US`).
 
 vLLM's engine core and its CPU worker are two processes that pass every step through a
 shared-memory queue. A reader waiting on that queue spins on `sched_yield()` for a second after
@@ -17,6 +26,7 @@ says so in the replica's log and leaves vLLM as it is.
 
 from __future__ import annotations
 
+import ctypes
 import importlib.abc
 import importlib.machinery
 import importlib.util
@@ -26,6 +36,32 @@ import time
 
 TARGET = "vllm.distributed.device_communicators.shm_broadcast"
 ENV = "NIGHTSHIFT_SHM_WAIT_NAP_US"
+
+SYS_ARCH_PRCTL = 158  # x86_64
+ARCH_GET_XCOMP_SUPP = 0x1021
+ARCH_REQ_XCOMP_PERM = 0x1023
+XFEATURE_XTILEDATA = 18
+
+
+def _permit_amx() -> None:
+    """Ask Linux for this process's AMX tile state where the CPU and kernel support it. Quiet where
+    they do not (another CPU, a kernel before 5.16); a refusal is logged, since vLLM's bf16
+    attention will then die of SIGILL and the engine config's float32 twin is the way out."""
+    if sys.platform != "linux" or os.uname().machine != "x86_64":
+        return
+    libc = ctypes.CDLL(None, use_errno=True)
+    supported = ctypes.c_uint64(0)
+    if libc.syscall(SYS_ARCH_PRCTL, ARCH_GET_XCOMP_SUPP, ctypes.byref(supported)) != 0:
+        return
+    if not supported.value >> XFEATURE_XTILEDATA & 1:
+        return
+    if libc.syscall(SYS_ARCH_PRCTL, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) != 0:
+        reason = os.strerror(ctypes.get_errno())
+        print(
+            f"nightshift: Linux refused AMX tile state ({reason}); bf16 attention will die of "
+            "SIGILL on this CPU: use the engine config's -fp32 twin",
+            file=sys.stderr,
+        )
 
 
 class _PatchOnImport(importlib.abc.MetaPathFinder):
@@ -80,5 +116,6 @@ def _chain() -> None:
         spec.loader.exec_module(importlib.util.module_from_spec(spec))
 
 
+_permit_amx()
 _install()
 _chain()

@@ -1,9 +1,12 @@
-"""The replica start-up hook that swaps vLLM's shared-memory spin for a nap (serving/engine_site)."""
+"""The replica start-up hook (serving/engine_site): AMX tile state asked for, and vLLM's
+shared-memory spin swapped for a nap when asked."""
 
 import os
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 from serving.engine_config import EngineConfig
 from serving.launcher import ENGINE_SITE, SHM_NAP_ENV, engine_env
@@ -71,11 +74,47 @@ def test_a_module_without_the_name_is_reported_not_broken(tmp_path: Path) -> Non
     assert done.returncode == 0 and "has no sched_yield; left as it is" in done.stderr
 
 
-def test_replica_env_puts_the_hook_first_only_when_asked() -> None:
+def test_replica_env_puts_the_hook_first() -> None:
     base = {"name": "x", "model": {"path": "local:tiny", "served_name": "t"}}
     plain = EngineConfig.model_validate(base | {"env": {"OMP_NUM_THREADS": 1}})
-    assert engine_env(plain, {"PYTHONPATH": "/a"}) == {"OMP_NUM_THREADS": "1"}
+    env = engine_env(plain, {"PYTHONPATH": "/a"})
+    assert env == {"OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join([str(ENGINE_SITE), "/a"])}
     napping = EngineConfig.model_validate(base | {"env": {SHM_NAP_ENV: 200}})
-    env = engine_env(napping, {"PYTHONPATH": "/a"})
-    assert env["PYTHONPATH"] == os.pathsep.join([str(ENGINE_SITE), "/a"])
+    env = engine_env(napping, {})
+    assert env["PYTHONPATH"] == str(ENGINE_SITE)
     assert env[SHM_NAP_ENV] == "200"
+
+
+AMX_PERMITTED = """
+import ctypes
+libc = ctypes.CDLL(None, use_errno=True)
+supported, permitted = ctypes.c_uint64(0), ctypes.c_uint64(0)
+assert libc.syscall(158, 0x1021, ctypes.byref(supported)) == 0  # ARCH_GET_XCOMP_SUPP
+assert libc.syscall(158, 0x1022, ctypes.byref(permitted)) == 0  # ARCH_GET_XCOMP_PERM
+print(supported.value >> 18 & 1, permitted.value >> 18 & 1)  # XFEATURE_XTILEDATA
+"""
+
+
+def amx_tile_state(with_hook: bool) -> tuple[int, int]:
+    """(supported, permitted) of the AMX tile state in a fresh process, with or without the hook."""
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", SHM_NAP_ENV)}
+    if with_hook:
+        env["PYTHONPATH"] = str(ENGINE_SITE)
+    done = subprocess.run(
+        [sys.executable, "-c", AMX_PERMITTED], env=env, capture_output=True, text=True
+    )
+    if done.returncode != 0:
+        pytest.skip(f"no AMX state queries on this kernel: {done.stderr.strip()[-200:]}")
+    supported, permitted = map(int, done.stdout.split())
+    return supported, permitted
+
+
+@pytest.mark.skipif(
+    sys.platform != "linux" or os.uname().machine != "x86_64", reason="x86-64 Linux only"
+)
+def test_every_replica_process_holds_amx_tile_state_where_the_cpu_has_it() -> None:
+    supported, permitted = amx_tile_state(with_hook=True)
+    if not supported:
+        pytest.skip("this CPU has no AMX tiles: nothing to ask for")
+    assert permitted == 1
+    assert amx_tile_state(with_hook=False) == (1, 0)  # a process that does not ask has none
