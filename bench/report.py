@@ -49,6 +49,21 @@ def corpus_warning(out: dict) -> str | None:
     )
 
 
+def fit_note(out: dict) -> str | None:
+    """How far the plug-in found this replica's steps from the latency fit, where it measured them:
+    the SLO's ITL floor and `bound_tokens_per_s` are priced with the fit as it is."""
+    s = out.get("summary", {})
+    ratio, bound = s.get("step_time_ratio"), s.get("bound_tokens_per_s_measured")
+    if not ratio or not bound:
+        return None
+    return (
+        f"The plug-in measured the controlled run's batch steps at {ratio:.2f}x the latency fit's "
+        f"prediction (median): the bound priced as measured is {bound:,.0f} tok/s. The SLO's ITL "
+        "floor and `bound_tokens_per_s` use the fit as it is; for a fit of this host, `nightshift "
+        "calibrate --engine-config CONFIG --out FIT` and `--latency-model FIT`."
+    )
+
+
 def _get(d: dict, path: tuple[str, ...]):
     for p in path:
         d = d.get(p) if isinstance(d, dict) else None
@@ -90,6 +105,8 @@ def markdown(out: dict, command: str) -> str:
     lines += ["| " + " | ".join(r) + " |" for r in table_rows(out)]
     if warning := corpus_warning(out):
         lines += ["", f"**{warning}**"]
+    if note := fit_note(out):
+        lines += ["", note]
     lines += ["", "Summary:", "", "```", json.dumps(out["summary"], indent=2), "```", ""]
     return "\n".join(lines)
 

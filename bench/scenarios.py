@@ -35,8 +35,10 @@ from bench.scoring import (
     window_verdicts,
 )
 from bench.verdicts import (
+    MeasuredModel,
     engine_itl_floor_ms,
     measured_bound,
+    measured_step_ratio,
     score_sweeps,
     slo_from_chat_only,
     summary,
@@ -45,6 +47,7 @@ from pipelines.config import PipelineConfig
 from pipelines.job import JobSpec, run_job
 from scheduler.records import RequestRecord
 from scheduler.slo import SLO
+from scheduler.step import StepTimeModel
 from serving.engine_itl import EngineItlRecorder, HistogramSeries
 
 SCENARIOS = ("chat-only", "uncontrolled", "static-engine", "static-budget", "controlled")
@@ -212,17 +215,33 @@ def summarize(scored: dict, cfg: BenchConfig, controlled: ScenarioRun, slo: SLO)
 
     engine = load_engine_config(cfg.engine_config)
     chunked = engine.flag("enable-chunked-prefill", True)
-    bound, seqs, ctx = measured_bound(
-        LatencyModel.from_json(cfg.latency_model),
-        slo,
-        controlled.chat,
-        (controlled.t0, controlled.t1),
-        batch_prompts(controlled.batch_rows),
-        int(engine.flag("max-num-batched-tokens", 2048)) if chunked else None,
-        int(engine.flag("long-prefill-token-threshold", 0)),
-        cfg.pipeline.max_model_len,
+
+    def bound_with(model: StepTimeModel) -> tuple[float, float, float]:
+        return measured_bound(
+            model,
+            slo,
+            controlled.chat,
+            (controlled.t0, controlled.t1),
+            batch_prompts(controlled.batch_rows),
+            int(engine.flag("max-num-batched-tokens", 2048)) if chunked else None,
+            int(engine.flag("long-prefill-token-threshold", 0)),
+            cfg.pipeline.max_model_len,
+        )
+
+    fit = LatencyModel.from_json(cfg.latency_model)
+    bound, seqs, ctx = bound_with(fit)
+    ratio = measured_step_ratio(_engine_steps(cfg, controlled.run_id))
+    measured = (ratio, bound_with(MeasuredModel(fit, ratio))[0]) if ratio else None
+    return summary(
+        scored, slo, bound, seqs, ctx, corpus_docs=_corpus_docs(cfg.corpus), measured=measured
     )
-    return summary(scored, slo, bound, seqs, ctx, corpus_docs=_corpus_docs(cfg.corpus))
+
+
+def _engine_steps(cfg: BenchConfig, run_id: str) -> list[dict]:
+    """The plug-in's status rows a scenario recorded (none where it wrote none)."""
+    from warehouse.run_files import read_table, run_dir
+
+    return read_table(run_dir(cfg.results, run_id), "engine_steps").to_pylist()
 
 
 def _corpus_docs(corpus: str) -> int | None:

@@ -7,7 +7,9 @@ Pure: scored dictionaries in, figures out.
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from bench.scoring import bound_tokens_per_s, chat_decode_load
@@ -122,6 +124,26 @@ def measured_bound(
     return bound_tokens_per_s(model, slo, seqs, ctx, cap, batch_prompts), seqs, ctx
 
 
+@dataclass(frozen=True)
+class MeasuredModel:
+    """`model` with every step `ratio` times as long: the fit as the plug-in measured this
+    replica's steps (its measured/predicted ratio), so a bound priced with it is this host's."""
+
+    model: StepTimeModel
+    ratio: float
+
+    def step_seconds(self, batch: StepBatch) -> float:
+        return self.ratio * self.model.step_seconds(batch)
+
+
+def measured_step_ratio(engine_steps: Sequence[Mapping[str, Any]]) -> float | None:
+    """The median of the plug-in's measured/predicted step-time ratio over a run's `engine_steps`
+    rows (None where it priced no step: no control document, or no batch step): how far this
+    host's steps are from the latency fit's."""
+    ratios = [r["step_time_ratio"] for r in engine_steps if (r.get("step_time_ratio") or 0) > 0]
+    return statistics.median(ratios) if ratios else None
+
+
 def sim_bound(
     model: StepTimeModel,
     slo: SLO,
@@ -160,9 +182,12 @@ def summary(
     decode_seqs: float,
     context: float,
     corpus_docs: int | None = None,
+    measured: tuple[float, float] | None = None,
 ) -> dict:
     """OUT.json's summary: the ratios the benchmark's targets are stated in, the bound, and the
-    scenarios whose batch figures the corpus bounded (`corpus_bound`)."""
+    scenarios whose batch figures the corpus bounded (`corpus_bound`). `measured` is (the
+    controlled run's measured/predicted step ratio, the bound priced with it), where the plug-in
+    measured one: a fit taken on another host prices this one's steps wrong, and both ways."""
 
     def batch(name: str, key: str = "tokens_per_s") -> float | None:
         return scored[name]["batch"][key] if name in scored else None
@@ -190,6 +215,11 @@ def summary(
         else None,
         "bound_tokens_per_s": bound,
         "controlled_fraction_of_bound": ratio(batch("controlled", "slo_batch_tokens_per_s"), bound),
+        "step_time_ratio": measured[0] if measured else None,
+        "bound_tokens_per_s_measured": measured[1] if measured else None,
+        "controlled_fraction_of_bound_measured": ratio(batch("controlled", good), measured[1])
+        if measured
+        else None,
         "chat_decode_seqs": decode_seqs,
         "chat_decode_context": context,
         "corpus_bound": corpus_bound(scored, corpus_docs),

@@ -140,3 +140,33 @@ def test_the_bound_walks_each_prompt_so_a_long_one_whole_bounds_lower_than_secti
     assert bound_tokens_per_s(model, slo, 4, 1000, 512, [512]) == pytest.approx(
         bound_tokens_per_s(model, slo, 4, 1000, 512)
     )
+
+
+def test_a_host_faster_than_its_fit_is_priced_as_the_plugin_measured_it() -> None:
+    from bench.report import fit_note
+    from bench.verdicts import MeasuredModel, measured_step_ratio
+
+    rows = [{"step_time_ratio": r} for r in (0.6, None, 0.7, 0.0, 0.65)]
+    assert measured_step_ratio(rows) == pytest.approx(0.65)  # unpriced intervals left out
+    assert measured_step_ratio([{"step_time_ratio": None}]) is None
+    model = LatencyModel(s_per_token=1e-5, s_per_attention_unit=1e-8, overhead_s=0.005)
+    slo = SLO(chat_itl_p99_ms=60)
+    as_fit = bound_tokens_per_s(model, slo, 4, 1000, 4096, [20_000])
+    here = bound_tokens_per_s(MeasuredModel(model, 0.65), slo, 4, 1000, 4096, [20_000])
+    assert here > as_fit * 1.2  # faster steps fit larger chunks in the same SLO
+    note = fit_note({"summary": {"step_time_ratio": 0.65, "bound_tokens_per_s_measured": here}})
+    assert note is not None and "0.65x" in note and "nightshift calibrate" in note
+    assert fit_note({"summary": {"step_time_ratio": None}}) is None
+
+
+def test_the_summary_carries_the_measured_bound_beside_the_fits() -> None:
+    from bench.verdicts import summary
+
+    scored = {
+        "controlled": {"batch": {"tokens_per_s": 900.0, "slo_batch_tokens_per_s": 900.0}},
+    }
+    plain = summary(scored, SLO(), 1000.0, 2.0, 900.0)
+    assert plain["step_time_ratio"] is None and plain["controlled_fraction_of_bound"] == 0.9
+    measured = summary(scored, SLO(), 1000.0, 2.0, 900.0, measured=(0.6, 1500.0))
+    assert measured["step_time_ratio"] == 0.6
+    assert measured["controlled_fraction_of_bound_measured"] == pytest.approx(0.6)
