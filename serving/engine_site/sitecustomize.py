@@ -3,10 +3,10 @@ in front of its PYTHONPATH), before vLLM runs: two fixes to the processes vLLM s
 
 **AMX tile state.** On an x86 CPU with AMX, vLLM's bf16 CPU attention kernel runs AMX tile
 instructions, and Linux grants a process the tile state only once it asks for it
-(`arch_prctl(ARCH_REQ_XCOMP_PERM)`); the kernel does not ask, so the model's worker dies of SIGILL
-on its first prefill of more than a few tokens (seen on a Xeon with `amx_tile`: every bf16 replica
-died on its warm-up request). Every process of the replica asks at start-up where the CPU and
-kernel support it; elsewhere this does nothing.
+(`arch_prctl(ARCH_REQ_XCOMP_PERM)`). Nothing on vLLM's path asks, so the model's worker dies of
+SIGILL on its first prefill of more than a few tokens (seen on a Xeon with `amx_tile`: every bf16
+replica died on its warm-up request). Every process of the replica asks at start-up where the CPU
+and kernel support it; elsewhere this does nothing.
 
 **The shared-memory nap** (only when the engine config sets `NIGHTSHIFT_SHM_WAIT_NAP_US`).
 
