@@ -215,6 +215,7 @@ def summarize(scored: dict, cfg: BenchConfig, controlled: ScenarioRun, slo: SLO)
 
     engine = load_engine_config(cfg.engine_config)
     chunked = engine.flag("enable-chunked-prefill", True)
+    prompts = batch_prompts(controlled.batch_rows)
 
     def bound_with(model: StepTimeModel) -> tuple[float, float, float]:
         return measured_bound(
@@ -222,7 +223,7 @@ def summarize(scored: dict, cfg: BenchConfig, controlled: ScenarioRun, slo: SLO)
             slo,
             controlled.chat,
             (controlled.t0, controlled.t1),
-            batch_prompts(controlled.batch_rows),
+            prompts,
             int(engine.flag("max-num-batched-tokens", 2048)) if chunked else None,
             int(engine.flag("long-prefill-token-threshold", 0)),
             cfg.pipeline.max_model_len,
