@@ -44,6 +44,11 @@ GUARD_MODULE = "serving.replica_guard"
 ENGINE_SITE = Path(__file__).resolve().parent / "engine_site"
 SHM_NAP_ENV = "NIGHTSHIFT_SHM_WAIT_NAP_US"
 LOG_TAIL_LINES = 40
+CPU_ENGINE_ENV = {"VLLM_USE_AOT_COMPILE": "0"}
+"""vLLM 0.32 on the CPU platform saves an AOT-compiled model that it cannot load back (its log:
+"Compiling model again due to a load failure ... 'function' object has no attribute
+'finalize_loading'"), so every start traced and compiled the model again. Without AOT compile the
+engine keeps its older compile cache, which does load: the same compiled model, started sooner."""
 
 
 class SlowHostWarning(UserWarning):
@@ -88,8 +93,11 @@ def engine_env(config: EngineConfig, base: Mapping[str, str]) -> dict[str, str]:
     """What a replica's environment adds to `base`: the config's `env`, and `engine_site/` in
     front of PYTHONPATH, so that every process of the replica runs its start-up hook before vLLM
     does (that directory's sitecustomize.py: AMX tile state asked for, and, when the config sets
-    `NIGHTSHIFT_SHM_WAIT_NAP_US`, a nap instead of a spin on the engine's queue)."""
+    `NIGHTSHIFT_SHM_WAIT_NAP_US`, a nap instead of a spin on the engine's queue). A CPU replica
+    also gets `CPU_ENGINE_ENV` where neither the config nor `base` sets those names."""
     env = dict(config.env)
+    if config.hardware.kind == "cpu":
+        env |= {k: v for k, v in CPU_ENGINE_ENV.items() if k not in env and k not in base}
     rest = env.get("PYTHONPATH", base.get("PYTHONPATH", ""))
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ENGINE_SITE), rest) if p)
     return env

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from serving.engine_config import EngineConfig
-from serving.launcher import ENGINE_SITE, SHM_NAP_ENV, engine_env
+from serving.launcher import CPU_ENGINE_ENV, ENGINE_SITE, SHM_NAP_ENV, engine_env
 
 PROBE = """
 import time
@@ -78,11 +78,26 @@ def test_replica_env_puts_the_hook_first() -> None:
     base = {"name": "x", "model": {"path": "local:tiny", "served_name": "t"}}
     plain = EngineConfig.model_validate(base | {"env": {"OMP_NUM_THREADS": 1}})
     env = engine_env(plain, {"PYTHONPATH": "/a"})
-    assert env == {"OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join([str(ENGINE_SITE), "/a"])}
+    assert env == {
+        "OMP_NUM_THREADS": "1",
+        "PYTHONPATH": os.pathsep.join([str(ENGINE_SITE), "/a"]),
+        **CPU_ENGINE_ENV,
+    }
     napping = EngineConfig.model_validate(base | {"env": {SHM_NAP_ENV: 200}})
     env = engine_env(napping, {})
     assert env["PYTHONPATH"] == str(ENGINE_SITE)
     assert env[SHM_NAP_ENV] == "200"
+
+
+def test_a_cpu_replica_skips_the_compile_cache_it_cannot_load_unless_told_otherwise() -> None:
+    base = {"name": "x", "model": {"path": "local:tiny", "served_name": "t"}}
+    cpu = EngineConfig.model_validate(base)
+    assert engine_env(cpu, {})["VLLM_USE_AOT_COMPILE"] == "0"
+    assert "VLLM_USE_AOT_COMPILE" not in engine_env(cpu, {"VLLM_USE_AOT_COMPILE": "1"})
+    chosen = EngineConfig.model_validate(base | {"env": {"VLLM_USE_AOT_COMPILE": "1"}})
+    assert engine_env(chosen, {})["VLLM_USE_AOT_COMPILE"] == "1"
+    gpu = EngineConfig.model_validate(base | {"hardware": {"kind": "gpu"}})
+    assert "VLLM_USE_AOT_COMPILE" not in engine_env(gpu, {})
 
 
 AMX_PERMITTED = """
