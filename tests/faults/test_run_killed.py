@@ -19,6 +19,7 @@ import pytest
 
 from bench.processes import command, descendants
 from tests.faults.conftest import send_stop, wait_gone_but_agents
+from tests.prefect_home import prefect_home
 from tests.replicas import TINY
 from warehouse.run_files import read_table
 
@@ -47,7 +48,7 @@ def start_run(work: Path, run_id: str, *more: str, session: bool = False) -> sub
         [sys.executable, "-m", "flows.cli", "run", "--corpus", str(work / "c.parquet"),
          "--engine-config", str(TINY), "--policy", "static", "--static-seats", "4",
          "--run-id", run_id, "--results", str(work / "results"), *more],
-        cwd=work, env={**os.environ, "PREFECT_HOME": str(work / "prefect")},
+        cwd=work, env={**os.environ, "PREFECT_HOME": prefect_home(work / "prefect")},
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=session,
     )  # fmt: skip
 

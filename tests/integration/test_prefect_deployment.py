@@ -30,6 +30,7 @@ import yaml
 
 from serving.engine_config import load_engine_config
 from serving.launcher import ReplicaSet
+from tests.prefect_home import prefect_home
 from tests.replicas import REPO, TINY, free_port_block
 
 pytestmark = pytest.mark.engine
@@ -171,7 +172,7 @@ def prefect_env(tmp_path: Path) -> dict[str, str]:
     return {
         **os.environ,
         "PORT": port,
-        "PREFECT_HOME": str(tmp_path / "prefect"),
+        "PREFECT_HOME": prefect_home(tmp_path / "prefect"),
         "PREFECT_API_URL": f"http://127.0.0.1:{port}/api",
         "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
         "PREFECT_WORKER_QUERY_SECONDS": "1",

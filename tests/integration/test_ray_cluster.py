@@ -32,6 +32,7 @@ from pipelines.gate import gate_name
 from tests.integration.ray_cluster import ray_cluster
 from tests.integration.ray_cluster_view import cluster_view
 from tests.integration.test_pipeline import write_corpus
+from tests.prefect_home import prefect_home
 from tests.replicas import TINY
 from warehouse.run_files import read_table
 
@@ -58,7 +59,8 @@ def driver_env(cluster, tmp_path: Path) -> dict:
     """A driver's environment on the cluster: the nodes', joined to the head by `RAY_ADDRESS`."""
     return node_env() | {
         "RAY_ADDRESS": cluster.address,
-        "PREFECT_HOME": str(tmp_path / "prefect"),  # its temporary server's database, not ~'s
+        # Its temporary server's database, not ~'s.
+        "PREFECT_HOME": prefect_home(tmp_path / "prefect"),
     }
 
 

@@ -12,6 +12,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from tests.faults.one_replica.conftest import FIT, KEY
+from tests.prefect_home import prefect_home
 from tests.replicas import TINY
 from warehouse.run_files import read_table
 
@@ -37,7 +38,7 @@ def start_run(work: Path, replica, run_id: str, *more: str) -> subprocess.Popen:
          "--engine-config", str(TINY), "--replica-url", replica.base_url,
          "--latency-model", str(FIT), "--run-id", run_id, "--results", str(work / "results"),
          *more],
-        cwd=work, env={**os.environ, "PREFECT_HOME": str(work / "prefect"),
+        cwd=work, env={**os.environ, "PREFECT_HOME": prefect_home(work / "prefect"),
                        "NIGHTSHIFT_REPLICA_API_KEY": KEY},
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )  # fmt: skip

@@ -18,6 +18,7 @@ from bench.processes import descendants, listening_address
 from pipelines.gate_metrics import GateMetrics
 from pipelines.run_metrics import RunMetrics
 from tests.faults.one_replica.conftest import FIT, KEY
+from tests.prefect_home import prefect_home
 from tests.replicas import TINY
 from warehouse.run_files import read_table
 
@@ -59,7 +60,7 @@ def night(replica, tmp_path_factory):
     """One run over the bad corpus against the folder's replica; what it printed and wrote. It
     steers the plug-in (policy budget), as every night in this folder does."""
     work = tmp_path_factory.mktemp("bad-docs")
-    env = {**os.environ, "PREFECT_HOME": str(work / "prefect"),
+    env = {**os.environ, "PREFECT_HOME": prefect_home(work / "prefect"),
            "NIGHTSHIFT_REPLICA_API_KEY": SECRET, "VLLM_API_KEY": SECRET}  # fmt: skip
     r = subprocess.run(
         [sys.executable, "-m", "flows.cli", "run", "--corpus", str(corpus(work / "c.parquet")),
