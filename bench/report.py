@@ -51,17 +51,30 @@ def corpus_warning(out: dict) -> str | None:
 
 def fit_note(out: dict) -> str | None:
     """How far the plug-in found this replica's steps from the latency fit, where it measured them:
-    the SLO's ITL floor and `bound_tokens_per_s` are priced with the fit as it is."""
-    s = out.get("summary", {})
+    in the step probe, which prices the SLO's ITL floor, and in the controlled run, which prices
+    the bound beside the one priced with the fit as it is (`bound_tokens_per_s`)."""
+    s, basis = out.get("summary", {}), out.get("slo_basis", {})
     ratio, bound = s.get("step_time_ratio"), s.get("bound_tokens_per_s_measured")
-    if not ratio or not bound:
+    probe = basis.get("floor_step_ratio")
+    said = []
+    if probe:
+        said.append(
+            f"The step probe measured batch steps at {probe:.2f}x the latency fit's prediction "
+            f"(median): the SLO's ITL floor is {basis['itl_floor_ms']:g} ms at that ratio "
+            f"({basis['itl_floor_ms_fit']:g} ms by the fit as it is)."
+        )
+    if ratio and bound:
+        said.append(
+            f"The plug-in measured the controlled run's batch steps at {ratio:.2f}x the fit's "
+            f"prediction: the bound priced as measured is {bound:,.0f} tok/s; "
+            "`bound_tokens_per_s` uses the fit as it is."
+        )
+    if not said:
         return None
-    return (
-        f"The plug-in measured the controlled run's batch steps at {ratio:.2f}x the latency fit's "
-        f"prediction (median): the bound priced as measured is {bound:,.0f} tok/s. The SLO's ITL "
-        "floor and `bound_tokens_per_s` use the fit as it is; for a fit of this host, `nightshift "
-        "calibrate --engine-config CONFIG --out FIT` and `--latency-model FIT`."
-    )
+    return " ".join(
+        [*said, "For a fit of this host: `nightshift calibrate --engine-config CONFIG --out FIT`, "
+         "then `--latency-model FIT`."]
+    )  # fmt: skip
 
 
 def _get(d: dict, path: tuple[str, ...]):

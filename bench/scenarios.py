@@ -12,6 +12,16 @@ noisy for numbers taken at different times to be compared:
   `budget`): a sweep, the best in hindsight.
 - `controlled`: the Gate's SLO controller steering the plug-in (policy `slo`).
 
+They run in that order whatever order they are asked in: a plug-in once steered stays steered
+(its last document expires into a pause, never back to stock scheduling), so the scenarios that
+need stock scheduling come first.
+
+A derived SLO's ITL is no tighter than two full engine steps (`bench.verdicts.itl_floor_ms`),
+priced as this host runs its steps: before the first steered scenario, a short steered run (the
+step probe, as long as the warm-up) has the plug-in measure its steps against the latency fit,
+and the floor is the fit's scaled by the median measured/predicted ratio. A fit taken on another
+host set a floor the host's steps were far from: loose on a faster one, out of reach on a slower.
+
 Each scenario is a run of its own under `results/runs/`, with chat and batch records side by side,
 so the warehouse and the report can compare them. Chat ITL is judged from the engine's side,
 scraped every second through the scenario (serving/engine_itl.py says why): the plug-in's chat-only
@@ -51,6 +61,10 @@ from scheduler.step import StepTimeModel
 from serving.engine_itl import EngineItlRecorder, HistogramSeries
 
 SCENARIOS = ("chat-only", "uncontrolled", "static-engine", "static-budget", "controlled")
+STEERED = ("static-budget", "controlled")
+"""The scenarios that steer the plug-in; every other runs before them (module docstring)."""
+PROBE_SEATS = 4
+"""Documents in flight during the step probe: enough to keep a batch chunk in every step."""
 
 
 @dataclass
@@ -65,7 +79,9 @@ class BenchConfig:
     duration_s: float = 90.0
     warmup_s: float = 30.0
     """Unmeasured seconds of chat plus uncontrolled batch before the first scenario: a fresh CPU
-    engine runs its first tens of seconds of mixed load several times slower (new step shapes)."""
+    engine runs its first tens of seconds of mixed load several times slower (new step shapes).
+    The step probe before the first steered scenario runs as long; 0 skips both, and the ITL
+    floor is then priced with the fit as it is."""
     slo: SLO | None = None
     """Fixed SLO; None derives it from the chat-only run (`slo_factor` × its p99s)."""
     fixed_ttft_slo_ms: float | None = None
@@ -107,14 +123,18 @@ def run_scenarios(cfg: BenchConfig, replicas: list[tuple[str, str]], model: str,
         warm = replace(cfg, duration_s=cfg.warmup_s)
         _with_batch(warm, "warmup", replicas, model, tokenizer, SLO(), "none")
     baseline = _chat_only(cfg, replicas, model, tokenizer)
-    floor = _itl_floor_ms(cfg)
-    slo = cfg.slo or derive_slo(baseline, cfg.slo_factor, cfg.window_s, floor)
-    if cfg.slo is None and cfg.fixed_ttft_slo_ms is not None:
-        slo = slo.model_copy(update={"chat_ttft_p99_ms": cfg.fixed_ttft_slo_ms})
+    fit_floor = floor = _itl_floor_ms(cfg)
+    slo = _slo(cfg, baseline, floor)
+    probe_ratio: float | None = None
     if "chat-only" in cfg.scenarios:
         runs["chat-only"] = baseline
     sweeps: dict[str, dict[str, ScenarioRun]] = {}
-    for name in cfg.scenarios:
+    for name in (s for s in SCENARIOS if s in cfg.scenarios):
+        if name in STEERED and probe_ratio is None and cfg.slo is None and cfg.warmup_s > 0:
+            probe_ratio = _probe_step_ratio(cfg, replicas, model, tokenizer, slo, floor)
+            if probe_ratio:  # the SLO every scenario is judged by, stock ones included
+                floor = _itl_floor_ms(cfg, probe_ratio)
+                slo = _slo(cfg, baseline, floor)
         if name == "uncontrolled":
             runs[name] = _with_batch(cfg, name, replicas, model, tokenizer, slo, "none")
         elif name == "static-engine":
@@ -151,6 +171,8 @@ def run_scenarios(cfg: BenchConfig, replicas: list[tuple[str, str]], model: str,
             "given": cfg.slo is not None,
             "chat_only_factor": cfg.slo_factor,
             "itl_floor_ms": floor,
+            "itl_floor_ms_fit": fit_floor,
+            "floor_step_ratio": probe_ratio,
             "fixed_ttft_ms": cfg.fixed_ttft_slo_ms,
         },
         "run_ids": {n: r.run_id for n, r in {**runs, **sweep}.items()},
@@ -179,12 +201,36 @@ def derive_slo(
     )
 
 
-def _itl_floor_ms(cfg: BenchConfig) -> float:
+def _slo(cfg: BenchConfig, chat_only: ScenarioRun, floor_ms: float) -> SLO:
+    """The given SLO, or the one derived from chat alone with an ITL no tighter than `floor_ms`."""
+    if cfg.slo is not None:
+        return cfg.slo
+    slo = derive_slo(chat_only, cfg.slo_factor, cfg.window_s, floor_ms)
+    if cfg.fixed_ttft_slo_ms is not None:
+        slo = slo.model_copy(update={"chat_ttft_p99_ms": cfg.fixed_ttft_slo_ms})
+    return slo
+
+
+def _itl_floor_ms(cfg: BenchConfig, step_ratio: float = 1.0) -> float:
+    """Two full engine steps, priced with the fit and every step `step_ratio` times as long."""
     from scheduler.latency_model import LatencyModel
     from serving.engine_config import load_engine_config
 
     engine = load_engine_config(cfg.engine_config)
-    return engine_itl_floor_ms(LatencyModel.from_json(cfg.latency_model), engine.vllm)
+    model = MeasuredModel(LatencyModel.from_json(cfg.latency_model), step_ratio)
+    return engine_itl_floor_ms(model, engine.vllm)
+
+
+def _probe_step_ratio(
+    cfg: BenchConfig, replicas, model, tokenizer, slo: SLO, fit_floor_ms: float
+) -> float | None:
+    """The plug-in's median measured/predicted step time over `warmup_s` of chat and batch at a
+    fixed target of one full step by the fit (chunks as full as stock's where the host is as fast
+    as the fit says or faster); None where it priced no step."""
+    probe = replace(cfg, duration_s=cfg.warmup_s)
+    target = (PROBE_SEATS, fit_floor_ms / 2)
+    run = _with_batch(probe, "step-probe", replicas, model, tokenizer, slo, "budget", budget=target)
+    return measured_step_ratio(_engine_steps(cfg, run.run_id))
 
 
 def score(run: ScenarioRun, slo: SLO) -> dict:

@@ -157,6 +157,10 @@ def test_a_host_faster_than_its_fit_is_priced_as_the_plugin_measured_it() -> Non
     note = fit_note({"summary": {"step_time_ratio": 0.65, "bound_tokens_per_s_measured": here}})
     assert note is not None and "0.65x" in note and "nightshift calibrate" in note
     assert fit_note({"summary": {"step_time_ratio": None}}) is None
+    probed = {"summary": {}, "slo_basis": {"floor_step_ratio": 0.64, "itl_floor_ms": 39.8,
+                                           "itl_floor_ms_fit": 62.2}}  # fmt: skip
+    note = fit_note(probed)
+    assert note is not None and "0.64x" in note and "39.8 ms" in note and "62.2 ms" in note
 
 
 def test_the_summary_carries_the_measured_bound_beside_the_fits() -> None:
