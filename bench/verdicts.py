@@ -137,10 +137,17 @@ class MeasuredModel:
 
 
 def measured_step_ratio(engine_steps: Sequence[Mapping[str, Any]]) -> float | None:
-    """The median of the plug-in's measured/predicted step-time ratio over a run's `engine_steps`
-    rows (None where it priced no step: no control document, or no batch step): how far this
-    host's steps are from the latency fit's."""
-    ratios = [r["step_time_ratio"] for r in engine_steps if (r.get("step_time_ratio") or 0) > 0]
+    """The median of the plug-in's measured/predicted step-time ratio over the `engine_steps` rows
+    of a run's intervals that prefilled batch tokens (None where there were none, or it priced no
+    step: no control document): how far this host's batch steps are from the latency fit's.
+    Intervals of chat alone are left out: their small steps are mostly fixed cost, which a fit
+    prices differently (1.4-1.6x where batch steps ran at 0.6x), and a run whose documents are
+    all decoding their summaries for a while would price a batch step by them."""
+    ratios = [
+        r["step_time_ratio"]
+        for r in engine_steps
+        if (r.get("step_time_ratio") or 0) > 0 and (r.get("batch_prefill_tokens") or 0) > 0
+    ]
     return statistics.median(ratios) if ratios else None
 
 

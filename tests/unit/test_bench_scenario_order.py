@@ -37,7 +37,8 @@ def ran(monkeypatch) -> list[dict]:
         return SLO(chat_itl_p99_ms=max(CHAT_ALONE_ITL_MS * factor, floor_ms), window_s=window_s)
 
     def steps(cfg, run_id):
-        return [{"step_time_ratio": 0.5}] if run_id == "b-step-probe" else []
+        probe = [{"step_time_ratio": 0.5, "batch_prefill_tokens": 64}]
+        return probe if run_id == "b-step-probe" else []
 
     monkeypatch.setattr(scenarios, "_with_batch", with_batch)
     monkeypatch.setattr(scenarios, "_chat_only", lambda *a: run("chat-only", "none", None))

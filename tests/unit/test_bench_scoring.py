@@ -146,9 +146,12 @@ def test_a_host_faster_than_its_fit_is_priced_as_the_plugin_measured_it() -> Non
     from bench.report import fit_note
     from bench.verdicts import MeasuredModel, measured_step_ratio
 
-    rows = [{"step_time_ratio": r} for r in (0.6, None, 0.7, 0.0, 0.65)]
+    rows = [{"step_time_ratio": r, "batch_prefill_tokens": 64} for r in (0.6, None, 0.7, 0.0, 0.65)]
     assert measured_step_ratio(rows) == pytest.approx(0.65)  # unpriced intervals left out
-    assert measured_step_ratio([{"step_time_ratio": None}]) is None
+    chat_alone = [{"step_time_ratio": r, "batch_prefill_tokens": 0} for r in (1.4, 1.5, 1.6)]
+    assert measured_step_ratio(rows + chat_alone) == pytest.approx(0.65)  # batch steps only
+    assert measured_step_ratio(chat_alone) is None
+    assert measured_step_ratio([{"step_time_ratio": None, "batch_prefill_tokens": 64}]) is None
     model = LatencyModel(s_per_token=1e-5, s_per_attention_unit=1e-8, overhead_s=0.005)
     slo = SLO(chat_itl_p99_ms=60)
     as_fit = bound_tokens_per_s(model, slo, 4, 1000, 4096, [20_000])
