@@ -35,7 +35,11 @@ def bench(
         "controlled (policy slo).",
     ),
     duration: float = typer.Option(90.0, help="Seconds per scenario."),
-    warmup: float = typer.Option(30.0, help="Unmeasured seconds of mixed load first (real bench)."),
+    warmup: float = typer.Option(
+        30.0,
+        help="Unmeasured seconds of mixed load first, and of the step probe that prices the SLO's "
+        "ITL floor before the first steered scenario; 0 skips both (real bench).",
+    ),
     json_out: Path = typer.Option(
         Path("results/bench.json"),
         "--json",
