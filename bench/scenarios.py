@@ -126,11 +126,13 @@ def run_scenarios(cfg: BenchConfig, replicas: list[tuple[str, str]], model: str,
     fit_floor = floor = _itl_floor_ms(cfg)
     slo = _slo(cfg, baseline, floor)
     probe_ratio: float | None = None
+    probe = cfg.slo is None and cfg.warmup_s > 0  # still to run before the first steered scenario
     if "chat-only" in cfg.scenarios:
         runs["chat-only"] = baseline
     sweeps: dict[str, dict[str, ScenarioRun]] = {}
     for name in (s for s in SCENARIOS if s in cfg.scenarios):
-        if name in STEERED and probe_ratio is None and cfg.slo is None and cfg.warmup_s > 0:
+        if name in STEERED and probe:
+            probe = False
             probe_ratio = _probe_step_ratio(cfg, replicas, model, tokenizer, slo, floor)
             if probe_ratio:  # the SLO every scenario is judged by, stock ones included
                 floor = _itl_floor_ms(cfg, probe_ratio)

@@ -124,3 +124,9 @@ def test_the_probe_runs_as_long_as_the_warmup(monkeypatch) -> None:
     cfg = replace(config(("controlled",)), warmup_s=12.0, duration_s=90.0)
     assert scenarios._probe_step_ratio(cfg, [], "m", None, SLO(), 60.0) is None
     assert seen == [12.0]
+
+
+def test_a_probe_that_priced_nothing_is_not_run_again(ran, monkeypatch) -> None:
+    monkeypatch.setattr(scenarios, "_engine_steps", lambda cfg, run_id: [])
+    run_scenarios(config(("static-budget", "controlled")), [], "m", None)
+    assert [r["name"] for r in ran].count("step-probe") == 1
