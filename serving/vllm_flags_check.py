@@ -7,19 +7,22 @@ the replica at start-up with the error buried in its log. Here the engine's inte
 rendered flags with the parser the API server uses (`serving/engine_site/check_flags.py`), which
 converts strings and starts nothing, and the verdict becomes an error that names the config file,
 the key as written in YAML, vLLM's reason and, for a name vLLM does not know, the closest one it
-does. The control plane has no vLLM, so the check runs as a subprocess, a few seconds each time,
-and caches nothing: the engine venv may change under it.
+does. The control plane has no vLLM, so the check runs as a subprocess, a few seconds each time
+(importing vLLM); a config's verdict is kept under the cache root, keyed by its flags, the checker
+and the vLLM install beside the engine interpreter, so a reinstall or an edit checks again.
 """
 
 from __future__ import annotations
 
 import difflib
+import hashlib
 import json
+import os
 import subprocess
 from pathlib import Path
 
 from serving.engine_config import EngineConfig, EngineConfigError, render_flags
-from serving.paths import engine_python
+from serving.paths import cache_root, engine_python
 
 CHECKER = Path(__file__).resolve().parent / "engine_site" / "check_flags.py"
 TIMEOUT_S = 120.0
@@ -124,11 +127,46 @@ def check_vllm_flags(config: EngineConfig, config_path: str | Path) -> None:
     if not config.vllm:
         return
     try:
-        verdict = run_checker(config.vllm)
+        verdict = cached_verdict(config.vllm)
     except CheckerFailed as exc:
         raise VllmFlagError(f"{config_path}: could not check the vllm flags: {exc}") from None
     if message := verdict_error(verdict, config_path, config.vllm):
         raise VllmFlagError(message)
+
+
+def cached_verdict(flags: dict) -> dict:
+    """`run_checker(flags)`, answered from the cache when the same flags were checked by the same
+    checker against the same vLLM install. A checker that failed leaves nothing behind."""
+    key = verdict_key(engine_python(), flags)
+    path = cache_root() / "flag-checks" / f"{key}.json" if key else None
+    if path is not None and path.is_file():
+        try:
+            return json.loads(path.read_text())
+        except (OSError, ValueError):
+            pass  # unreadable: check again and write it anew
+    verdict = run_checker(flags)
+    if path is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        partial = path.with_suffix(f".{os.getpid()}.tmp")
+        partial.write_text(json.dumps(verdict))
+        partial.replace(path)  # whole or absent, whoever reads it
+    return verdict
+
+
+def verdict_key(python: Path, flags: dict) -> str | None:
+    """What a verdict depends on, hashed: the flags, the checker's source and the vLLM install in
+    the engine venv, known by its dist-info RECORD's size and mtime (every install or upgrade
+    rewrites it). None where no vLLM dist-info sits beside `python`: such a verdict is not kept."""
+    records = sorted(
+        (python.parent.parent / "lib").glob("python3*/site-packages/vllm*.dist-info/RECORD")
+    )
+    if not records:
+        return None
+    stamps = [(str(r), r.stat().st_size, r.stat().st_mtime_ns) for r in records]
+    blob = json.dumps(
+        [str(python), stamps, CHECKER.read_text(), flags], sort_keys=True, default=str
+    )
+    return hashlib.sha256(blob.encode()).hexdigest()[:32]
 
 
 def _shown(value: object) -> str:

