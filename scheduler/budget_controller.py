@@ -174,6 +174,9 @@ class BudgetController:
         bound = obs.target_bound_share
         if bound is not None and bound <= 1 - ITL_QUANTILE:
             return "hold"  # the target did not bind: the window measured chat without it
+        # Chat gaps shorter than the step that ran (batch did not fill it) show headroom the
+        # target already allows: growth counts at least the target's own share of the ITL SLO.
+        pressure = max(pressure, 1000 * ran_s / self.slo.chat_itl_p99_ms)
         grown = self._grown(ran_s, pressure, obs.chat_itl_p99_s)
         grown = min(grown, self._toward_break(state, obs, ran_s, pressure))
         if grown > ran_s:

@@ -88,6 +88,18 @@ def test_growth_is_the_itl_headroom_below_the_slack_mark():
     assert d.reason == "grow" and d.batch_step_target_ms == pytest.approx(cold + 0.3 * 50)
 
 
+def test_a_window_whose_gaps_ran_short_of_its_step_grows_only_to_the_slack_mark():
+    """Cold start at 25 ms while no batch chunk fitted its steps: chat's ITL p99 reads 10 ms,
+    pressure 0.2. The headroom that shows is the step's, not the target's: growing by it (0.6 x
+    50 ms past 25) would reach the SLO itself. Growth counts the target's own 0.5 and stops at the
+    slack mark, 40 ms."""
+    c = controller()
+    c.decide(obs(0))
+    for t in range(3, int(WINDOW) + 1, 3):
+        d = c.decide(obs(t, itl_ms=10, ttft_ms=100, target_bound_share=0.9))
+    assert d.reason == "grow" and d.batch_step_target_ms == pytest.approx(0.8 * 50)
+
+
 def test_growth_waits_for_a_window_in_which_the_target_bound():
     """Anti-windup: chat alone before the backlog arrives is slack, but no step ran at the target,
     so the window says nothing of a larger one; a violation still cuts, bound or not."""
