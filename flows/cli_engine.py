@@ -66,13 +66,20 @@ def up(
 ) -> None:
     """Start replicas and wait until every one answers /health."""
     from serving.engine_config import EngineConfigError
-    from serving.launcher import EngineStartError, ReplicaSet, engine_argv, engine_env
+    from serving.launcher import (
+        EngineStartError,
+        ReplicaSet,
+        engine_argv,
+        engine_env,
+        model_location,
+    )
     from serving.paths import SetupError
     from serving.vllm_flags_check import check_vllm_flags
 
     config_path = _one_config(engine_config, config_arg)
     config = load_config_or_exit(config_path)
     try:
+        model_location(config)  # a model not built yet is named before vLLM is imported to check
         check_vllm_flags(config, config_path)  # vLLM's own parser, before anything starts
         if dry_run:
             for i in range(replicas):
