@@ -7,11 +7,12 @@ moment they start, so `nightshift engine down` can stop replicas that a crashed 
 left behind.
 
 A group, not a session: Linux schedules every session as a group of its own (autogroup), and an
-engine in a session of its own starved everything outside it on a small host. The engine core
-busy-waits for its worker with `sched_yield`, which yields only within its own group; while the
-worker ran a long step, both cores stayed with the engine, and the chat clients, the batch workers
-and the engine's own callers waited, measured here up to 1.9 s at a time (even at nice -15). In
-the caller's session the yield reaches them, and those stalls are gone.
+engine in a session of its own starved everything outside it on a small host. An engine core with
+a worker process busy-waits for it with `sched_yield`, which yields only within its own group;
+while the worker ran a long step, both cores stayed with the engine, and the chat clients, the
+batch workers and the engine's own callers waited, measured here up to 1.9 s at a time (even at
+nice -15). In the caller's session the yield reaches them, and those stalls are gone. (A CPU
+replica now keeps its worker in the engine core, `CPU_ENGINE_ENV`; a tensor-parallel one cannot.)
 """
 
 from __future__ import annotations
@@ -42,13 +43,21 @@ ENGINE_MODULE = "vllm.entrypoints.openai.api_server"
 GUARD_MODULE = "serving.replica_guard"
 """Leads the group of a replica tied to its caller (its docstring says why)."""
 ENGINE_SITE = Path(__file__).resolve().parent / "engine_site"
-SHM_NAP_ENV = "NIGHTSHIFT_SHM_WAIT_NAP_US"
 LOG_TAIL_LINES = 40
-CPU_ENGINE_ENV = {"VLLM_USE_AOT_COMPILE": "0"}
-"""vLLM 0.32 on the CPU platform saves an AOT-compiled model that it cannot load back (its log:
-"Compiling model again due to a load failure ... 'function' object has no attribute
+CPU_ENGINE_ENV = {"VLLM_USE_AOT_COMPILE": "0", "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+"""Two defaults for vLLM 0.32 on the CPU platform, each where the config and the caller set none.
+
+`VLLM_USE_AOT_COMPILE=0`: the platform saves an AOT-compiled model that it cannot load back (its
+log: "Compiling model again due to a load failure ... 'function' object has no attribute
 'finalize_loading'"), so every start traced and compiled the model again. Without AOT compile the
-engine keeps its older compile cache, which does load: the same compiled model, started sooner."""
+engine keeps its older compile cache, which does load: the same compiled model, started sooner.
+
+`VLLM_ENABLE_V1_MULTIPROCESSING=0`: otherwise the platform runs the model in a worker process of
+its own beside the engine core, even in a world of one, and hands every step across a shared-memory
+queue whose waiting side spins. Set to 0, a one-process world keeps its worker inside the engine
+core: one vLLM import fewer per start and no cross-process handoff per step. The API server still
+runs the engine core as a process of its own (beyond the CPU platform the variable concerns only
+the offline `LLM` class), and a tensor-parallel world keeps its worker processes."""
 
 
 class SlowHostWarning(UserWarning):
@@ -92,9 +101,8 @@ def model_location(config: EngineConfig) -> str:
 def engine_env(config: EngineConfig, base: Mapping[str, str]) -> dict[str, str]:
     """What a replica's environment adds to `base`: the config's `env`, and `engine_site/` in
     front of PYTHONPATH, so that every process of the replica runs its start-up hook before vLLM
-    does (that directory's sitecustomize.py: AMX tile state asked for, and, when the config sets
-    `NIGHTSHIFT_SHM_WAIT_NAP_US`, a nap instead of a spin on the engine's queue). A CPU replica
-    also gets `CPU_ENGINE_ENV` where neither the config nor `base` sets those names."""
+    does (that directory's sitecustomize.py asks for AMX tile state). A CPU replica also gets
+    `CPU_ENGINE_ENV` where neither the config nor `base` sets those names."""
     env = dict(config.env)
     if config.hardware.kind == "cpu":
         env |= {k: v for k, v in CPU_ENGINE_ENV.items() if k not in env and k not in base}

@@ -4,9 +4,9 @@ vLLM's engine core steps as long as its scheduler has requests (`EngineCore.step
 execute, update, then a 1 ms sleep when nothing ran), whatever a step schedules. When the plug-in
 grants batch prefill nothing (the controller paused batch, its document expired or was lost, or no
 chunk fits the target) and no chat is in the engine, every step is empty and the loop goes round
-as fast as it can: each round a schedule, a round trip to the worker process and a stats message
-to the API server, three processes' CPU taken from the host's chat work (tokenizing,
-detokenizing) exactly while the controller is protecting chat.
+as fast as it can: each round a schedule, an empty model step (a round trip to the worker
+process, where the model runs in one) and a stats message to the API server, CPU taken from the
+host's chat work (tokenizing, detokenizing) exactly while the controller is protecting chat.
 
 So such a step *holds*: before it returns its empty schedule, it blocks on the engine core's own
 input queue (a `queue.Queue` that vLLM's input thread fills with every new request, abort,
@@ -29,10 +29,11 @@ schedule work: with no chat in the engine and nothing scheduled, the plug-in's g
 on the directive (the step-time scale learns from steps with work only). A chat arriving during a
 hold waits for the queue's notify, one empty round and vLLM's 1 ms sleep before it is scheduled.
 
-Why the bound is longer than a status interval: every message the engine core sends its worker
-keeps the worker polling its shared-memory queue for the next second (vLLM's reader busy-loops
-for 1 s after each read before it parks); a hold ended every second would keep it polling for
-good. The wait is left out of the step's measured time: it is no engine work.
+Why the bound is longer than a status interval: where the model runs in a worker process, every
+message the engine core sends it keeps the worker polling its shared-memory queue for the next
+second (vLLM's reader busy-loops for 1 s after each read before it parks); a hold ended every
+second would keep it polling for good. The wait is left out of the step's measured time: it is no
+engine work.
 
 vLLM private names this depends on: the engine core that calls `schedule` is found on the call
 stack as the object whose `.scheduler` is the plug-in's scheduler and whose `.input_queue` is a

@@ -1,77 +1,14 @@
-"""The replica start-up hook (serving/engine_site): AMX tile state asked for, and vLLM's
-shared-memory spin swapped for a nap when asked."""
+"""The replica start-up hook (serving/engine_site), which asks for AMX tile state, and the
+environment a replica starts with."""
 
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
 from serving.engine_config import EngineConfig
-from serving.launcher import CPU_ENGINE_ENV, ENGINE_SITE, SHM_NAP_ENV, engine_env
-
-PROBE = """
-import time
-import vllm.distributed.device_communicators.shm_broadcast as m
-t = time.perf_counter()
-for _ in range(20):
-    m.sched_yield()
-print(m.sched_yield.__name__, round((time.perf_counter() - t) / 20 * 1e6))
-"""
-
-
-def fake_vllm(root: Path) -> Path:
-    """A stand-in for the one vLLM module the hook patches, with the name it patches."""
-    pkg = root / "vllm" / "distributed" / "device_communicators"
-    pkg.mkdir(parents=True)
-    for d in (root / "vllm", root / "vllm" / "distributed", pkg):
-        (d / "__init__.py").write_text("")
-    (pkg / "shm_broadcast.py").write_text("import os\n\ndef sched_yield():\n    os.sched_yield()\n")
-    return root
-
-
-def probe(root: Path, nap_us: str | None) -> tuple[str, int, str]:
-    env = {k: v for k, v in os.environ.items() if k != SHM_NAP_ENV}
-    env["PYTHONPATH"] = os.pathsep.join([str(ENGINE_SITE), str(root)])
-    if nap_us is not None:
-        env[SHM_NAP_ENV] = nap_us
-    done = subprocess.run(
-        [sys.executable, "-c", PROBE], env=env, capture_output=True, text=True, check=True
-    )
-    name, micros = done.stdout.split()
-    return name, int(micros), done.stderr
-
-
-def test_nap_replaces_the_spin_when_asked(tmp_path: Path) -> None:
-    name, micros, log = probe(fake_vllm(tmp_path), "2000")
-    assert name == "<lambda>" and micros >= 1500
-    assert "waits nap 2000 us" in log
-
-
-def test_without_the_variable_vllm_is_left_alone(tmp_path: Path) -> None:
-    name, _, log = probe(fake_vllm(tmp_path), None)
-    assert name == "sched_yield" and log == ""
-
-
-def test_a_bad_value_is_named_and_ignored(tmp_path: Path) -> None:
-    name, _, log = probe(fake_vllm(tmp_path), "fast")
-    assert name == "sched_yield" and "'fast' is not a number of microseconds" in log
-
-
-def test_a_module_without_the_name_is_reported_not_broken(tmp_path: Path) -> None:
-    root = fake_vllm(tmp_path)
-    target = root / "vllm" / "distributed" / "device_communicators" / "shm_broadcast.py"
-    target.write_text("def sched_yield():\n    pass\n\nsched_yield = None\n")
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ENGINE_SITE), str(root)])}
-    env[SHM_NAP_ENV] = "200"
-    done = subprocess.run(
-        [sys.executable, "-c", "import vllm.distributed.device_communicators.shm_broadcast"],
-        env=env,
-        capture_output=True,
-        text=True,
-    )
-    assert done.returncode == 0 and "has no sched_yield; left as it is" in done.stderr
+from serving.launcher import CPU_ENGINE_ENV, ENGINE_SITE, engine_env
 
 
 def test_replica_env_puts_the_hook_first() -> None:
@@ -83,21 +20,21 @@ def test_replica_env_puts_the_hook_first() -> None:
         "PYTHONPATH": os.pathsep.join([str(ENGINE_SITE), "/a"]),
         **CPU_ENGINE_ENV,
     }
-    napping = EngineConfig.model_validate(base | {"env": {SHM_NAP_ENV: 200}})
-    env = engine_env(napping, {})
-    assert env["PYTHONPATH"] == str(ENGINE_SITE)
-    assert env[SHM_NAP_ENV] == "200"
+    assert engine_env(EngineConfig.model_validate(base), {})["PYTHONPATH"] == str(ENGINE_SITE)
 
 
-def test_a_cpu_replica_skips_the_compile_cache_it_cannot_load_unless_told_otherwise() -> None:
+@pytest.mark.parametrize("name", ["VLLM_USE_AOT_COMPILE", "VLLM_ENABLE_V1_MULTIPROCESSING"])
+def test_a_cpu_replica_gets_the_platform_defaults_unless_told_otherwise(name: str) -> None:
+    """No AOT compile (its cache does not load back) and the worker inside the engine core, on
+    the CPU only; a config or the caller's environment that names the variable wins."""
     base = {"name": "x", "model": {"path": "local:tiny", "served_name": "t"}}
     cpu = EngineConfig.model_validate(base)
-    assert engine_env(cpu, {})["VLLM_USE_AOT_COMPILE"] == "0"
-    assert "VLLM_USE_AOT_COMPILE" not in engine_env(cpu, {"VLLM_USE_AOT_COMPILE": "1"})
-    chosen = EngineConfig.model_validate(base | {"env": {"VLLM_USE_AOT_COMPILE": "1"}})
-    assert engine_env(chosen, {})["VLLM_USE_AOT_COMPILE"] == "1"
+    assert engine_env(cpu, {})[name] == "0"
+    assert name not in engine_env(cpu, {name: "1"})
+    chosen = EngineConfig.model_validate(base | {"env": {name: "1"}})
+    assert engine_env(chosen, {})[name] == "1"
     gpu = EngineConfig.model_validate(base | {"hardware": {"kind": "gpu"}})
-    assert "VLLM_USE_AOT_COMPILE" not in engine_env(gpu, {})
+    assert name not in engine_env(gpu, {})
 
 
 AMX_PERMITTED = """
@@ -112,7 +49,7 @@ print(supported.value >> 18 & 1, permitted.value >> 18 & 1)  # XFEATURE_XTILEDAT
 
 def amx_tile_state(with_hook: bool) -> tuple[int, int]:
     """(supported, permitted) of the AMX tile state in a fresh process, with or without the hook."""
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", SHM_NAP_ENV)}
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     if with_hook:
         env["PYTHONPATH"] = str(ENGINE_SITE)
     done = subprocess.run(
