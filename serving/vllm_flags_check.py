@@ -14,6 +14,7 @@ and the vLLM install beside the engine interpreter, so a reinstall or an edit ch
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import hashlib
 import json
@@ -146,10 +147,14 @@ def cached_verdict(flags: dict) -> dict:
             pass  # unreadable: check again and write it anew
     verdict = run_checker(flags)
     if path is not None:
-        path.parent.mkdir(parents=True, exist_ok=True)
         partial = path.with_suffix(f".{os.getpid()}.tmp")
-        partial.write_text(json.dumps(verdict))
-        partial.replace(path)  # whole or absent, whoever reads it
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            partial.write_text(json.dumps(verdict))
+            partial.replace(path)  # whole or absent, whoever reads it
+        except OSError:  # a cache that cannot be written only costs time
+            with contextlib.suppress(OSError):
+                partial.unlink()
     return verdict
 
 

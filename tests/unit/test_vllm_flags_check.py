@@ -270,6 +270,17 @@ def test_a_kept_rejection_still_raises_and_a_failed_check_is_not_kept(tmp_path, 
     assert runs(tmp_path) == 3, "a checker that failed left no verdict behind"
 
 
+def test_a_cache_that_cannot_be_written_still_gives_the_verdict(tmp_path, monkeypatch) -> None:
+    ok = json.dumps([verdict()])
+    exe, _ = venv_engine(tmp_path, f"echo '{ok}'")
+    monkeypatch.setenv("NIGHTSHIFT_ENGINE_PYTHON", str(exe))
+    (tmp_path / "cache").write_text("a file where the cache folder should be")
+    monkeypatch.setenv("NIGHTSHIFT_CACHE", str(tmp_path / "cache"))
+    check_vllm_flags(config(**{"max-num-seqs": 4}), "x.yaml")
+    check_vllm_flags(config(**{"max-num-seqs": 4}), "x.yaml")
+    assert runs(tmp_path) == 2
+
+
 def test_an_engine_without_a_vllm_record_is_checked_every_time(tmp_path, monkeypatch) -> None:
     ok = json.dumps([verdict()])
     monkeypatch.setenv("NIGHTSHIFT_ENGINE_PYTHON", str(fake_engine(tmp_path, f"echo '{ok}'")))
