@@ -18,11 +18,11 @@ import contextlib
 import difflib
 import hashlib
 import json
-import os
 import subprocess
 from pathlib import Path
 
 from serving.engine_config import EngineConfig, EngineConfigError, render_flags
+from serving.engine_site.engine_status import write_atomically
 from serving.paths import cache_root, engine_python
 
 CHECKER = Path(__file__).resolve().parent / "engine_site" / "check_flags.py"
@@ -147,14 +147,9 @@ def cached_verdict(flags: dict) -> dict:
             pass  # unreadable: check again and write it anew
     verdict = run_checker(flags)
     if path is not None:
-        partial = path.with_suffix(f".{os.getpid()}.tmp")
-        try:
+        with contextlib.suppress(OSError):  # a cache that cannot be written only costs time
             path.parent.mkdir(parents=True, exist_ok=True)
-            partial.write_text(json.dumps(verdict))
-            partial.replace(path)  # whole or absent, whoever reads it
-        except OSError:  # a cache that cannot be written only costs time
-            with contextlib.suppress(OSError):
-                partial.unlink()
+            write_atomically(path, json.dumps(verdict))
     return verdict
 
 
@@ -167,7 +162,7 @@ def verdict_key(python: Path, flags: dict) -> str | None:
     )
     if not records:
         return None
-    stamps = [(str(r), r.stat().st_size, r.stat().st_mtime_ns) for r in records]
+    stamps = [(str(r), st.st_size, st.st_mtime_ns) for r in records for st in [r.stat()]]
     blob = json.dumps(
         [str(python), stamps, CHECKER.read_text(), flags], sort_keys=True, default=str
     )
