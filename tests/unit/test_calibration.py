@@ -374,7 +374,9 @@ SMALL_SWEEP = SweepConfig(
 
 
 async def test_calibrator_sends_cached_prefixes_and_cancels_its_decoders() -> None:
-    fake = FakeReplica()
+    # 2 ms steps: a 64-token chunk's time stays well above the event loop's jitter on a busy host,
+    # which at 0.5 ms once left it no time after the measured request overhead.
+    fake = FakeReplica(step_s=0.002)
     http = httpx.AsyncClient(transport=httpx.MockTransport(fake.handler))
     plan = plan_sweep(TINY, SMALL_SWEEP)
     async with StreamingClient("http://fake", "m", http=http) as client:
