@@ -6,11 +6,12 @@ one `decide(observation)` per replica every few seconds. Invariants (docs/design
 
 1. **Fail safe.** No fresh observation for `stale_after_s`: batch pauses; it never steers blind.
 2. **Feedback on chat's pressure** (the worst of window ITL, TTFT and E2E p99 over their SLOs):
-   above 1 the step is cut by `cut_factor`, below `slack_fraction` it grows to the slack mark,
-   in between it holds. Only windows that began after a change judge it (a violation right
-   after a growth is cut at once): at most one change per window. Growth also needs a whole
-   slack window since any pressed one at the same target and a window in which the target
-   bound (anti-windup), and it stops short of a recent break.
+   above 1 the step is cut by `cut_factor`, below the slack mark it grows to it, in between it
+   holds. The mark is where one window in a hundred at one target breaks the SLO by the spread
+   such windows showed (`scheduler/pressure_spread.py`). Only windows that began after a change
+   judge it (a violation right after a growth is cut at once): one change per window at most.
+   Growth also needs a whole slack window since any pressed one at the same target and a window
+   in which the target bound (anti-windup), and it stops short of a recent break.
 3. **Model correction.** The target sent is the real one over the plug-in's smoothed
    measured/predicted step ratio; between changes it only falls.
 4. **Seats and KV.** Batch decodes in flight, plus one more, fit `DECODE_SHARE` of the target,
@@ -32,6 +33,7 @@ from typing import ClassVar
 from pydantic import BaseModel, ConfigDict, Field
 
 from scheduler.admission import Decision, Observation
+from scheduler.pressure_spread import PressureSpread
 from scheduler.slo import SLO
 from scheduler.step import StepBatch, StepTimeModel
 
@@ -60,9 +62,8 @@ class BudgetControllerConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     cut_factor: float = Field(0.7, gt=0, lt=1, description="Step target kept on a violation.")
-    slack_fraction: float = Field(
-        0.8, gt=0, lt=1, description="Chat pressure below this is slack, and the target grows."
-    )
+    slack_fraction: float = Field(0.8, gt=0, lt=1, description="Chat pressure below this is "
+        "slack, and the target grows, until windows at one target have shown their spread.")  # fmt: skip
     max_seats: int = Field(64, ge=1, description="Most batch requests in flight per replica.")
     chat_slot_share: float = Field(
         0.5, ge=0, lt=1, description="Share of the engine's max-num-seqs kept for chat."
@@ -84,6 +85,7 @@ class _Replica:
     sent_s: float
     """What the engine enforces: `target_s` over the ratio at the change, lowered since only."""
     changed_t: float
+    spread: PressureSpread
     grew_last: bool = True
     """Whether the last change was a growth (a cold start counts as one): a violation then cuts
     without waiting for a window that began after the change."""
@@ -96,6 +98,7 @@ class _Replica:
 
     def changed(self, t: float, grew: bool) -> None:
         self.changed_t, self.grew_last, self.pressed_t = t, grew, None
+        self.spread.target_changed()
 
 
 class BudgetController:
@@ -125,9 +128,12 @@ class BudgetController:
                             batch_step_target_ms=0.0,
                             chat_cache_horizon_s=self.config.chat_cache_horizon_s)  # fmt: skip
         cold = state is None or obs.t - state.last_fresh_t > self.config.stale_after_s
-        if cold:
+        if cold:  # the spread is the replica's and outlives a stale spell; the target does not
             target = COLD_START_SHARE * self.slo.chat_itl_p99_ms / 1000
-            state = self.states[obs.replica] = _Replica(target, target, obs.t)
+            prior = PressureSpread.from_slack(self.config.slack_fraction)
+            spread = prior if state is None else state.spread
+            spread.target_changed()
+            state = self.states[obs.replica] = _Replica(target, target, obs.t, spread)
         self._correct_model(state, obs)
         reason = "cold-start" if cold else self._feedback(state, obs)
         state.last_fresh_t = obs.t
@@ -158,6 +164,9 @@ class BudgetController:
     def _feedback(self, state: _Replica, obs: Observation) -> str:
         pressure = self.pressure(obs) or 0.0  # no chat in the window: nothing to protect
         after_change = obs.window_s is None or obs.t - obs.window_s >= state.changed_t
+        if after_change:
+            state.spread.observe(obs.t, obs.t - (obs.window_s or 0.0), pressure)
+        slack = state.spread.slack_mark()
         ran_s = state.sent_s * state.ratio  # the real step the window ran at
         if pressure > 1.0 and (after_change or state.grew_last):
             state.broke = (obs.t, ran_s, pressure)
@@ -166,7 +175,7 @@ class BudgetController:
             return "cut"
         if not after_change:
             return "hold"
-        if pressure >= self.config.slack_fraction:
+        if pressure >= slack:
             state.pressed_t = obs.t
             return "hold"
         if state.pressed_t is not None and obs.t - state.pressed_t < (obs.window_s or 0.0):
@@ -177,25 +186,25 @@ class BudgetController:
         # Chat gaps shorter than the step that ran (batch did not fill it) show headroom the
         # target already allows: growth counts at least the target's own share of the ITL SLO.
         pressure = max(pressure, 1000 * ran_s / self.slo.chat_itl_p99_ms)
-        grown = self._grown(ran_s, pressure, obs.chat_itl_p99_s)
-        grown = min(grown, self._toward_break(state, obs, ran_s, pressure))
+        grown = self._grown(ran_s, pressure, slack, obs.chat_itl_p99_s)
+        grown = min(grown, self._toward_break(state, obs, ran_s, pressure, slack))
         if grown > ran_s:
             state.target_s = grown
             state.changed(obs.t, grew=True)
             return "grow"
         return "hold"
 
-    def _grown(self, ran_s: float, pressure: float, itl_p99_s: float | None) -> float:
+    def _grown(self, ran_s: float, pressure: float, slack: float, itl_p99_s: float | None) -> float:
         """The real step target after a slack window that ran at `ran_s`: raised by the headroom
         below the slack mark over the window's tail (its ITL p99 over its step, at least 1), never
         past the ITL SLO. Invariant: one growth brings chat's ITL p99 to the slack mark, not past
         it, since a chat gap is one step (docs/design.md §7.2)."""
         ceiling = self.slo.chat_itl_p99_ms / 1000
         tail = max(1.0, itl_p99_s / ran_s) if itl_p99_s and ran_s > 0 else 1.0
-        return min(ceiling, ran_s + (self.config.slack_fraction - pressure) * ceiling / tail)
+        return min(ceiling, ran_s + (slack - pressure) * ceiling / tail)
 
     def _toward_break(
-        self, state: _Replica, obs: Observation, ran_s: float, pressure: float
+        self, state: _Replica, obs: Observation, ran_s: float, pressure: float, slack: float
     ) -> float:
         """The step where the line through (`ran_s`, `pressure`) and the remembered break reaches
         the slack mark (infinity without a break above this window on both axes, or a lapsed one).
@@ -207,7 +216,7 @@ class BudgetController:
         if lapsed or broke_s <= ran_s or broke_p <= pressure:
             return math.inf
         slope = (broke_p - pressure) / (broke_s - ran_s)
-        return ran_s + (self.config.slack_fraction - pressure) / slope
+        return ran_s + (slack - pressure) / slope
 
     def _idle_target_ms(self, state: _Replica) -> float | None:
         """The step target while no chat is in the engine: `IDLE_TTFT_SHARE` of the TTFT SLO at

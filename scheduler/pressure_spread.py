@@ -1,0 +1,70 @@
+"""How much chat's window pressure varies at one batch step target: the margin growth keeps.
+
+The controller grows the step target while chat's pressure (its window p99s over their SLOs) is
+below the slack mark, and holds above it. Windows at one target do not read alike: chat's mix and
+arrivals, the documents in flight and, on a shared host, other processes move a window's p99 with
+no change of target. The slack mark is the margin for that spread, and how wide it must be is a
+property of the replica, not a constant: a GPU whose p99 is read over thousands of steps a window
+varies by a few percent, a 2-core CPU host running its own clients by ten or more.
+
+So the spread is measured. Between two windows at the same target that do not overlap, the change
+of log pressure is noise alone; its mean square over two is the variance of one window's log
+pressure about the level the target sets (the two are independent draws). The slack mark is then
+where the next window at the same target goes over the SLO with odds of one in a hundred:
+
+    slack = exp(-MISS_Z * sigma)
+
+Invariant: `slack_mark()` is in (0, 1); before any pair of windows is seen it is the prior the
+operator configured, and each pair moves the running variance by `SPREAD_WEIGHT` of its error, so a
+replica whose noise changes (a busier host, a new chat mix) is followed within a few windows.
+Pure and clock-agnostic: the caller passes each window's end and start.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+MISS_Z = 2.326
+"""The standard normal's 0.99 quantile: at the slack mark, one window in a hundred at the same
+target breaks the SLO by noise alone (the 99%-of-windows target)."""
+SPREAD_WEIGHT = 0.25
+"""Weight of a new pair of windows in the running variance: about the last eight pairs count."""
+
+
+@dataclass
+class PressureSpread:
+    """The running variance of log window pressure at one target, and the slack mark it sets."""
+
+    variance: float
+    """Of one window's log pressure about its target's level."""
+    last: tuple[float, float] | None = None
+    """(end, pressure) of the last window sampled since the target changed; None after a change."""
+
+    @classmethod
+    def from_slack(cls, slack: float) -> PressureSpread:
+        """The spread whose slack mark is `slack` (the prior before any pair is measured)."""
+        if not 0 < slack < 1:
+            raise ValueError(f"slack mark must be in (0, 1), got {slack}")
+        return cls((math.log(slack) / MISS_Z) ** 2)
+
+    def slack_mark(self) -> float:
+        """The pressure growth stops at: one window in a hundred above 1 from here, by the spread."""
+        return math.exp(-MISS_Z * math.sqrt(self.variance))
+
+    def observe(self, end: float, start: float, pressure: float) -> None:
+        """A window over [`start`, `end`] at the current target read `pressure` (> 0). It pairs
+        with the last sampled window if it begins after that one ended; an overlapping window
+        shares its chat with that one and says less about the spread, so it is skipped."""
+        if not pressure > 0 or not math.isfinite(pressure):
+            return
+        if self.last is not None:
+            if start < self.last[0]:
+                return
+            step = math.log(pressure / self.last[1])
+            self.variance += SPREAD_WEIGHT * (step * step / 2 - self.variance)
+        self.last = (end, pressure)
+
+    def target_changed(self) -> None:
+        """Windows at a new target pair only with each other."""
+        self.last = None

@@ -1,0 +1,62 @@
+"""The slack mark from the spread of chat's window pressure at one target."""
+
+from __future__ import annotations
+
+import math
+import random
+
+import pytest
+
+from scheduler.pressure_spread import MISS_Z, PressureSpread
+
+
+def test_before_any_pair_the_slack_mark_is_the_configured_one():
+    assert PressureSpread.from_slack(0.8).slack_mark() == pytest.approx(0.8)
+
+
+@pytest.mark.parametrize("slack", [0.0, 1.0, -0.2, 1.5])
+def test_a_slack_mark_outside_zero_to_one_is_refused(slack):
+    with pytest.raises(ValueError, match=r"slack mark must be in \(0, 1\)"):
+        PressureSpread.from_slack(slack)
+
+
+def test_steady_windows_raise_the_mark_and_swinging_ones_lower_it():
+    steady, swinging = PressureSpread.from_slack(0.8), PressureSpread.from_slack(0.8)
+    for i in range(12):
+        steady.observe(10.0 * (i + 1), 10.0 * i, 0.7)
+        swinging.observe(10.0 * (i + 1), 10.0 * i, 0.5 if i % 2 else 0.9)
+    assert 0.8 < steady.slack_mark() < 1
+    assert swinging.slack_mark() < 0.8
+
+
+def test_the_mark_settles_where_one_window_in_a_hundred_breaks_the_slo():
+    """Windows at one target whose log pressure is normal about its level with sigma 0.1: at the
+    mark it settles on, about 1% of such windows read over 1."""
+    rng, sigma = random.Random(7), 0.1
+    spread, marks = PressureSpread.from_slack(0.8), []
+    for i in range(4000):
+        spread.observe(10.0 * (i + 1), 10.0 * i, math.exp(rng.gauss(math.log(0.5), sigma)))
+        marks.append(spread.slack_mark())
+    mean_mark = sum(marks[100:]) / len(marks[100:])
+    assert mean_mark == pytest.approx(math.exp(-MISS_Z * sigma), rel=0.05)
+    breaks = sum(math.exp(rng.gauss(math.log(mean_mark), sigma)) > 1 for _ in range(20000))
+    assert 0.005 < breaks / 20000 < 0.02
+
+
+def test_overlapping_windows_and_windows_across_a_change_do_not_pair():
+    spread = PressureSpread.from_slack(0.8)
+    spread.observe(60.0, 0.0, 0.9)
+    spread.observe(63.0, 3.0, 0.3)  # overlaps the first: skipped
+    spread.target_changed()
+    spread.observe(130.0, 70.0, 0.3)  # first at the new target: nothing to pair with
+    assert spread.slack_mark() == pytest.approx(0.8)
+    spread.observe(190.0, 130.0, 0.3)
+    assert spread.slack_mark() > 0.8
+
+
+def test_a_window_without_chat_says_nothing():
+    spread = PressureSpread.from_slack(0.8)
+    spread.observe(60.0, 0.0, 0.5)
+    for nothing in (0.0, float("nan"), float("inf")):
+        spread.observe(130.0, 70.0, nothing)
+    assert spread.last == (60.0, 0.5) and spread.slack_mark() == pytest.approx(0.8)
