@@ -587,6 +587,7 @@ def _row(run_id: str, obs: Observation, d: Decision) -> dict:
         "kv_room_tokens": d.kv_room_tokens,
         "observed_target_bound_share": obs.target_bound_share,
         "observed_chat_cache_tokens": obs.chat_cache_tokens,
+        "slack_mark": d.slack_mark,
     }
 
 

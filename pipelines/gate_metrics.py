@@ -110,6 +110,12 @@ class GateMetrics:
             ["replica"],
             registry=r,
         )
+        self.slack_mark = Gauge(
+            "nightshift_slack_mark",
+            "Chat pressure (p99 over SLO) the controller grows the target to (NaN: no such mark).",
+            ["replica"],
+            registry=r,
+        )
         self.decisions = Counter(
             "nightshift_decisions", "Controller decisions by reason.", ["reason"], registry=r
         )
@@ -151,6 +157,7 @@ class GateMetrics:
             (self.chat_ttft_p99, obs.chat_ttft_p99_s),
             (self.kv_usage, obs.kv_usage),
             (self.chat_cache, obs.chat_cache_tokens),
+            (self.slack_mark, decision.slack_mark),
         ):
             # NaN, not a stale number, when the window measured nothing (or nothing bounds it)
             gauge.labels(name).set(float("nan") if value is None else value)

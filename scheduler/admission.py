@@ -90,6 +90,8 @@ class Decision:
     step target always)."""
     chat_cache_horizon_s: float | None = None
     """How far back the plug-in counts chat's prefix-cache working set (None: it does not)."""
+    slack_mark: float | None = None
+    """Chat pressure the target grows to and holds above (None: the policy has no such mark)."""
 
 
 def within_prefill_budget(

@@ -149,6 +149,7 @@ class BudgetController:
             kv_room_tokens=self._kv_room(obs),
             idle_step_target_ms=self._idle_target_ms(state),
             chat_cache_horizon_s=self.config.chat_cache_horizon_s,
+            slack_mark=state.spread.slack_mark(),
         )
 
     # -- feedback ---------------------------------------------------------------------------

@@ -87,6 +87,7 @@ DECISIONS = pa.schema(
         ("kv_room_tokens", pa.int64()),
         ("observed_target_bound_share", pa.float64()),
         ("observed_chat_cache_tokens", pa.int64()),
+        ("slack_mark", pa.float64()),
     ]
 )
 

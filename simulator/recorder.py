@@ -93,6 +93,7 @@ class Recorder:
                 "kv_room_tokens": d.kv_room_tokens,
                 "observed_target_bound_share": obs.target_bound_share,
                 "observed_chat_cache_tokens": obs.chat_cache_tokens,
+                "slack_mark": d.slack_mark,
             }
         )
 

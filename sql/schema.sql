@@ -120,6 +120,9 @@ ALTER TABLE decisions ADD COLUMN IF NOT EXISTS kv_room_tokens BIGINT;
 ALTER TABLE decisions ADD COLUMN IF NOT EXISTS observed_target_bound_share DOUBLE;
 -- Chat's prefix-cache working set the KV guard kept room for (scheduler/chat_cache.py).
 ALTER TABLE decisions ADD COLUMN IF NOT EXISTS observed_chat_cache_tokens BIGINT;
+-- The chat pressure the controller grows to, from how much its windows at one target varied
+-- (scheduler/pressure_spread.py).
+ALTER TABLE decisions ADD COLUMN IF NOT EXISTS slack_mark DOUBLE;
 
 -- The engine plug-in's status between two reads (serving/plugin_sensor.py): engine steps, their
 -- mean measured time and its ratio to the latency model's prediction, batch prefill tokens per

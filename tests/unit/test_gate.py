@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import re
 import sys
 import threading
 import time
@@ -245,17 +246,20 @@ def test_decisions_are_recorded_and_exported_on_the_metrics_port(gates):
         "observed_ttft_p99_s", "observed_kv_usage", "predicted_step_ms", "reason",
         "prefill_budget_tokens", "batch_step_target_ms", "kv_room_tokens",
         "observed_target_bound_share",
-        "observed_chat_cache_tokens",
+        "observed_chat_cache_tokens", "slack_mark",
     }  # fmt: skip
     r0 = [r for r in rows if r["replica"] == "r0"][-1]
     assert r0["observed_itl_p99_s"] == 0.012 and r0["observed_kv_usage"] == 0.3
     assert r0["predicted_step_ms"] > 0 and r0["run_id"] == "metrics"
+    assert r0["slack_mark"] == pytest.approx(0.8)  # the configured one: no windows paired yet
     port = ray.get(gate.stats.remote())["metrics_port"]
     text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5.0).text
     assert 'nightshift_batch_seats{replica="r0"} 64.0' in text
     assert 'nightshift_batch_step_target_seconds{replica="r0"} 0.025' in text
     assert 'nightshift_kv_room_tokens{replica="r0"} NaN' in text  # no KV capacity: unbounded
     assert 'nightshift_chat_cache_tokens{replica="r0"} NaN' in text  # no plug-in counting it
+    mark = re.search(r'nightshift_slack_mark\{replica="r0"\} (\S+)', text)
+    assert mark and float(mark.group(1)) == pytest.approx(0.8)
     assert 'nightshift_chat_itl_p99_seconds{replica="r0"} 0.012' in text
     assert 'nightshift_decisions_total{reason="stale"} 1.0' in text
     assert "nightshift_controller_last_decision_timestamp_seconds" in text
