@@ -7,8 +7,8 @@ one `decide(observation)` per replica every few seconds. Invariants (docs/design
 1. **Fail safe.** No fresh observation for `stale_after_s`: batch pauses; it never steers blind.
 2. **Feedback on chat's pressure** (the worst of window ITL, TTFT and E2E p99 over their SLOs):
    above 1 the step is cut by `cut_factor`, below the slack mark it grows to it, in between it
-   holds. The mark is where one window in a hundred at one target breaks the SLO by the spread
-   such windows showed (`scheduler/pressure_spread.py`). Only windows that began after a change
+   holds. The mark is where one window in a hundred breaks the SLO by the spread windows showed
+   about what the controller expected of them (`scheduler/pressure_spread.py`). Only windows that began after a change
    judge it (a violation right after a growth is cut at once): one change per window at most.
    Growth also needs a whole slack window since any pressed one at the same target and a window
    in which the target bound (anti-windup), and it stops short of a recent break.
@@ -96,9 +96,9 @@ class _Replica:
     broke: tuple[float, float, float] | None = None
     """(t, real step, pressure) of the last window that was cut for breaking the SLO."""
 
-    def changed(self, t: float, grew: bool) -> None:
+    def changed(self, t: float, grew: bool, aimed: float | None = None) -> None:
         self.changed_t, self.grew_last, self.pressed_t = t, grew, None
-        self.spread.target_changed()
+        self.spread.target_changed(aimed)
 
 
 class BudgetController:
@@ -165,7 +165,11 @@ class BudgetController:
     def _feedback(self, state: _Replica, obs: Observation) -> str:
         pressure = self.pressure(obs) or 0.0  # no chat in the window: nothing to protect
         after_change = obs.window_s is None or obs.t - obs.window_s >= state.changed_t
-        if after_change:
+        bound = obs.target_bound_share
+        binding = bound is None or bound > 1 - ITL_QUANTILE  # else chat ran without the target
+        if binding and (after_change or pressure > 1.0):  # a break right after a growth judges it
+            state.spread.judge_growth(pressure)
+        if binding and after_change:
             state.spread.observe(obs.t, obs.t - (obs.window_s or 0.0), pressure)
         slack = state.spread.slack_mark()
         ran_s = state.sent_s * state.ratio  # the real step the window ran at
@@ -181,27 +185,28 @@ class BudgetController:
             return "hold"
         if state.pressed_t is not None and obs.t - state.pressed_t < (obs.window_s or 0.0):
             return "hold"  # a pressed window at this target, and not yet a whole slack one since
-        bound = obs.target_bound_share
-        if bound is not None and bound <= 1 - ITL_QUANTILE:
+        if not binding:
             return "hold"  # the target did not bind: the window measured chat without it
         # Chat gaps shorter than the step that ran (batch did not fill it) show headroom the
         # target already allows: growth counts at least the target's own share of the ITL SLO.
         pressure = max(pressure, 1000 * ran_s / self.slo.chat_itl_p99_ms)
-        grown = self._grown(ran_s, pressure, slack, obs.chat_itl_p99_s)
-        grown = min(grown, self._toward_break(state, obs, ran_s, pressure, slack))
+        itl = obs.chat_itl_p99_s
+        tail = max(1.0, itl / ran_s) if itl and ran_s > 0 else 1.0  # chat's gaps over the step
+        ceiling = self.slo.chat_itl_p99_ms / 1000
+        grown = min(self._grown(ran_s, pressure, slack, tail),
+                    self._toward_break(state, obs, ran_s, pressure, slack))  # fmt: skip
         if grown > ran_s:
             state.target_s = grown
-            state.changed(obs.t, grew=True)
+            state.changed(obs.t, grew=True, aimed=pressure + (grown - ran_s) * tail / ceiling)
             return "grow"
         return "hold"
 
-    def _grown(self, ran_s: float, pressure: float, slack: float, itl_p99_s: float | None) -> float:
+    def _grown(self, ran_s: float, pressure: float, slack: float, tail: float) -> float:
         """The real step target after a slack window that ran at `ran_s`: raised by the headroom
         below the slack mark over the window's tail (its ITL p99 over its step, at least 1), never
         past the ITL SLO. Invariant: one growth brings chat's ITL p99 to the slack mark, not past
         it, since a chat gap is one step (docs/design.md §7.2)."""
         ceiling = self.slo.chat_itl_p99_ms / 1000
-        tail = max(1.0, itl_p99_s / ran_s) if itl_p99_s and ran_s > 0 else 1.0
         return min(ceiling, ran_s + (slack - pressure) * ceiling / tail)
 
     def _toward_break(

@@ -7,10 +7,15 @@ no change of target. The slack mark is the margin for that spread, and how wide 
 property of the replica, not a constant: a GPU whose p99 is read over thousands of steps a window
 varies by a few percent, a 2-core CPU host running its own clients by ten or more.
 
-So the spread is measured. Between two windows at the same target that do not overlap, the change
-of log pressure is noise alone; its mean square over two is the variance of one window's log
-pressure about the level the target sets (the two are independent draws). The slack mark is then
-where the next window at the same target goes over the SLO with odds of one in a hundred:
+So the spread is measured, as the deviation of a window from what the controller expected of it.
+Between two windows at the same target that do not overlap, the change of log pressure is noise
+alone; its square over two is a sample of the variance of one window's log pressure about the
+level the target sets (the two are independent draws). After a growth, which sizes the new target
+to bring chat's pressure to a level it aims at, the first window that shows the new target (or a
+break right after the growth) deviates from that aim by the noise and by the growth's own error:
+its squared log deviation is a sample too, and it is the one that counts where the controller
+grows from nearly every window and seldom holds long enough to pair two. The slack mark is then
+where the next window goes over the SLO with odds of one in a hundred:
 
     slack = exp(-MISS_Z * sigma)
 
@@ -40,6 +45,8 @@ class PressureSpread:
     """Of one window's log pressure about its target's level."""
     last: tuple[float, float] | None = None
     """(end, pressure) of the last window sampled since the target changed; None after a change."""
+    aimed: float | None = None
+    """The pressure the last growth sized its target to reach, until a window has judged it."""
 
     @classmethod
     def from_slack(cls, slack: float) -> PressureSpread:
@@ -56,15 +63,30 @@ class PressureSpread:
         """A window over [`start`, `end`] at the current target read `pressure` (> 0). It pairs
         with the last sampled window if it begins after that one ended; an overlapping window
         shares its chat with that one and says less about the spread, so it is skipped."""
-        if not pressure > 0 or not math.isfinite(pressure):
+        if not _measured(pressure):
             return
         if self.last is not None:
             if start < self.last[0]:
                 return
-            step = math.log(pressure / self.last[1])
-            self.variance += SPREAD_WEIGHT * (step * step / 2 - self.variance)
+            self._sample(math.log(pressure / self.last[1]) ** 2 / 2)
         self.last = (end, pressure)
 
-    def target_changed(self) -> None:
-        """Windows at a new target pair only with each other."""
-        self.last = None
+    def judge_growth(self, pressure: float) -> None:
+        """A window that shows the last growth's target read `pressure`: one sample of how far
+        a window falls from what the controller expected of it (nothing after a cut or a hold)."""
+        if self.aimed is not None and _measured(pressure):
+            self._sample(math.log(pressure / self.aimed) ** 2)
+            self.aimed = None
+
+    def target_changed(self, aimed: float | None = None) -> None:
+        """Windows at a new target pair only with each other; `aimed`: the pressure a growth
+        sized the new target to reach (None for a cut or a cold start, which aim at no level)."""
+        self.last, self.aimed = None, aimed
+
+    def _sample(self, squared_log_deviation: float) -> None:
+        self.variance += SPREAD_WEIGHT * (squared_log_deviation - self.variance)
+
+
+def _measured(pressure: float) -> bool:
+    """Whether a window measured chat at all (no chat: pressure 0, or nothing read)."""
+    return pressure > 0 and math.isfinite(pressure)

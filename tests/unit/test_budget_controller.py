@@ -277,3 +277,16 @@ def test_the_idle_target_is_a_share_of_the_ttft_slo_and_moves_with_feedback():
     cut = c.decide(obs(3, itl_ms=60))
     assert cut.idle_step_target_ms == pytest.approx(cold.idle_step_target_ms * 0.7)
     assert cut.idle_step_target_ms >= cut.batch_step_target_ms
+
+
+def test_a_break_right_after_a_growth_lowers_the_mark_it_grew_to():
+    """The growth aimed at the slack mark; the window right after it broke the SLO. That is a
+    growth off by more than the mark allowed for, and the mark comes down, so the next growth
+    stops further below the SLO."""
+    c = controller()
+    for t in range(0, int(WINDOW), 3):
+        c.decide(obs(t, itl_ms=10, ttft_ms=100))
+    assert c.decide(obs(WINDOW, itl_ms=10, ttft_ms=100)).reason == "grow"
+    before = c.states["r0"].spread.slack_mark()
+    assert c.decide(obs(WINDOW + 3, itl_ms=60)).reason == "cut"
+    assert c.states["r0"].spread.slack_mark() < before

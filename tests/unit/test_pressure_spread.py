@@ -60,3 +60,24 @@ def test_a_window_without_chat_says_nothing():
     for nothing in (0.0, float("nan"), float("inf")):
         spread.observe(130.0, 70.0, nothing)
     assert spread.last == (60.0, 0.5) and spread.slack_mark() == pytest.approx(0.8)
+
+
+def test_a_growth_that_lands_where_it_aimed_raises_the_mark_and_one_that_overshoots_lowers_it():
+    landed, overshot = PressureSpread.from_slack(0.8), PressureSpread.from_slack(0.8)
+    for spread, read in ((landed, 0.8), (overshot, 1.1)):
+        spread.target_changed(aimed=0.8)
+        spread.judge_growth(read)
+    assert landed.slack_mark() > 0.8 > overshot.slack_mark()
+
+
+def test_only_a_growth_is_judged_and_only_once():
+    spread = PressureSpread.from_slack(0.8)
+    spread.target_changed()  # a cut aims at no level
+    spread.judge_growth(1.5)
+    assert spread.slack_mark() == pytest.approx(0.8)
+    spread.target_changed(aimed=0.8)
+    spread.judge_growth(0.0)  # no chat in the window: the growth is still to be judged
+    spread.judge_growth(0.8)
+    judged = spread.slack_mark()
+    spread.judge_growth(2.0)  # the next window is not the first to show the growth
+    assert spread.slack_mark() == judged > 0.8
