@@ -19,8 +19,8 @@ where the next window goes over the SLO with odds of one in a hundred:
 
     slack = exp(-MISS_Z * sigma)
 
-Invariant: `slack_mark()` is in (0, 1); before any pair of windows is seen it is the prior the
-operator configured, and each pair moves the running variance by `SPREAD_WEIGHT` of its error, so a
+Invariant: `slack_mark()` is in (0, 1); before any sample it is the prior the operator
+configured, and each sample moves the running variance by `SPREAD_WEIGHT` of its error, so a
 replica whose noise changes (a busier host, a new chat mix) is followed within a few windows.
 Pure and clock-agnostic: the caller passes each window's end and start.
 """
@@ -34,7 +34,7 @@ MISS_Z = 2.326
 """The standard normal's 0.99 quantile: at the slack mark, one window in a hundred at the same
 target breaks the SLO by noise alone (the 99%-of-windows target)."""
 SPREAD_WEIGHT = 0.25
-"""Weight of a new pair of windows in the running variance: about the last eight pairs count."""
+"""Weight of a new sample in the running variance: the last eight carry 90% of it."""
 
 
 @dataclass
