@@ -8,8 +8,9 @@ one `decide(observation)` per replica every few seconds. Invariants (docs/design
 2. **Feedback on chat's pressure** (the worst of window ITL, TTFT and E2E p99 over their SLOs):
    above 1 the step is cut by `cut_factor`, below the slack mark it grows to it, in between it
    holds. The mark is where one window in a hundred breaks the SLO by the spread windows showed
-   about what the controller expected of them (`scheduler/pressure_spread.py`). Only windows that began after a change
-   judge it (a violation right after a growth is cut at once): one change per window at most.
+   about what the controller expected of them (`scheduler/pressure_spread.py`). Only windows
+   that began after a change judge it (a violation right after a growth is cut at once): one
+   change per window at most.
    Growth also needs a whole slack window since any pressed one at the same target and a window
    in which the target bound (anti-windup), and it stops short of a recent break.
 3. **Model correction.** The target sent is the real one over the plug-in's smoothed
@@ -63,7 +64,7 @@ class BudgetControllerConfig(BaseModel):
 
     cut_factor: float = Field(0.7, gt=0, lt=1, description="Step target kept on a violation.")
     slack_fraction: float = Field(0.8, gt=0, lt=1, description="Chat pressure below this is "
-        "slack, and the target grows, until windows at one target have shown their spread.")  # fmt: skip
+        "slack, and the target grows, until the replica's windows have shown their spread.")  # fmt: skip
     max_seats: int = Field(64, ge=1, description="Most batch requests in flight per replica.")
     chat_slot_share: float = Field(
         0.5, ge=0, lt=1, description="Share of the engine's max-num-seqs kept for chat."
@@ -130,8 +131,8 @@ class BudgetController:
         cold = state is None or obs.t - state.last_fresh_t > self.config.stale_after_s
         if cold:  # the spread is the replica's and outlives a stale spell; the target does not
             target = COLD_START_SHARE * self.slo.chat_itl_p99_ms / 1000
-            prior = PressureSpread.from_slack(self.config.slack_fraction)
-            spread = prior if state is None else state.spread
+            slack = self.config.slack_fraction
+            spread = state.spread if state else PressureSpread.from_slack(slack)
             spread.target_changed()
             state = self.states[obs.replica] = _Replica(target, target, obs.t, spread)
         self._correct_model(state, obs)
