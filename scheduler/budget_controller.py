@@ -15,8 +15,9 @@ one `decide(observation)` per replica every few seconds. Invariants (docs/design
    in which the target bound (anti-windup), and it stops short of a recent break.
 3. **Model correction.** The target sent is the real one over the plug-in's smoothed
    measured/predicted step ratio; between changes it only falls.
-4. **Seats and KV.** Batch decodes in flight, plus one more, fit `DECODE_SHARE` of the target,
-   and chat keeps `chat_slot_share` of the engine's sequence slots. A whole document is admitted
+4. **Seats and KV.** The batch decodes one step can carry (those decoding now and the next
+   prefill to end) fit `DECODE_SHARE` of the target, and chat keeps `chat_slot_share` of the
+   engine's sequence slots. A whole document is admitted
    only while it fits under `kv_high_water` beside everything committed, chat's cached histories
    (`scheduler/chat_cache.py`) included: never preempted, never evicting what chat comes back to.
 5. **Idle steps.** With no chat in the engine the plug-in sizes to the idle target, moved by the
@@ -243,17 +244,22 @@ class BudgetController:
     # -- seats and KV -------------------------------------------------------------------------
 
     def _seats(self, state: _Replica, obs: Observation) -> int:
+        """One seat more than in flight while the decodes that can share a step fit
+        `DECODE_SHARE` of the target: chat's, batch's decoding now and the next batch prefill to
+        end (the plug-in grants prefill chunks in the engine's order, so prefills end one after
+        another). Seats still in prefill are not priced as decodes: a whole document's prefill
+        outlasts a summary's decode, and a seat is added only while decodes leave the room."""
         cfg, in_flight, cap = self.config, obs.batch_in_flight, self.config.max_seats
         if self.engine_slots is not None:
             cap = min(cap, max(1, int(self.engine_slots * (1 - cfg.chat_slot_share))))
         if not in_flight:
             return min(cap, 1 if obs.chat_decoding else cap)
         mean_context = sum(b.prompt_tokens + b.output_tokens for b in in_flight) / len(in_flight)
-        more = len(in_flight) + 1
-        decodes = StepBatch((), obs.chat_decoding + more,
-                            obs.chat_decode_context_tokens + int(more * mean_context))  # fmt: skip
+        joining = sum(1 for b in in_flight if not b.prefill_remaining) + 1
+        decodes = StepBatch((), obs.chat_decoding + joining,
+                            obs.chat_decode_context_tokens + int(joining * mean_context))  # fmt: skip
         fits = self.model.step_seconds(decodes) <= DECODE_SHARE * state.sent_s  # both priced
-        return min(cap, more if fits else len(in_flight))
+        return min(cap, len(in_flight) + 1 if fits else len(in_flight))
 
     def _kv_room(self, obs: Observation) -> int | None:
         """KV tokens new batch admissions may claim: under the high-water mark, beside what the

@@ -235,6 +235,17 @@ def test_seats_leave_chat_its_slots_and_batch_decodes_half_the_target():
     assert c.decide(obs(9, batch_in_flight=tuple(slots))).batch_seats == 32, "half of 64 slots"
 
 
+def test_a_seat_in_prefill_is_not_priced_as_a_decode_but_decodes_still_bound_seats():
+    c = controller(max_seats=1000)
+    c.decide(obs(0))
+    prefilling = [BatchInFlight(30_000, 1_000, 500)] * 20
+    # Twenty documents in prefill decode one after another: the step carries one, and it fits.
+    assert c.decide(obs(3, batch_in_flight=tuple(prefilling))).batch_seats == 21
+    decoding = [BatchInFlight(30_000, 30_000, 500)] * 20
+    mixed = tuple(decoding + prefilling[:1])
+    assert c.decide(obs(6, batch_in_flight=mixed)).batch_seats == 21, "decodes fill the share"
+
+
 def test_the_kv_room_never_lets_a_document_past_the_high_water_mark():
     rng = random.Random(7)
     c = controller(kv_high_water=0.9)
