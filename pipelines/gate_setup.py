@@ -50,17 +50,19 @@ def build_policy(
     static_caps: tuple[int, int] = (4, 2048),
     engine_flags: Mapping[str, Any] | None = None,
     budget: tuple[int, float] = (4, 40.0),
+    slack_marks: Mapping[str, float] | None = None,
 ) -> AdmissionPolicy:
     """The admission policy a Gate runs, built by `scheduler.policy_factory` like the simulator's.
 
     `engine_flags` are the replicas' engine config `vllm:` flags: the controller leaves chat its
-    share of their `max-num-seqs`. `budget` is (seats, batch step target ms) of policy `budget`."""
+    share of their `max-num-seqs`. `budget` is (seats, batch step target ms) of policy `budget`;
+    `slack_marks` the replicas' slack marks as earlier runs left them (`slo`)."""
     check_policy_name(policy)
     seats = budget[0] if policy == "budget" else static_caps[0]
     choice = PolicyChoice(policy, seats, static_caps[1], budget[1])
     model = load_latency_model(policy, latency_model) if policy == "slo" else None
     slots = (engine_flags or {}).get("max-num-seqs")
-    return make_policy(choice, slo, model, controller, int(slots) if slots else None)
+    return make_policy(choice, slo, model, controller, int(slots) if slots else None, slack_marks)
 
 
 def load_latency_model(
@@ -211,6 +213,9 @@ class GateConfig:
     down_grace_s: float = DEFAULT_DOWN_GRACE_S
     """How long requests wait for a replica to answer again once every replica is marked down,
     before they fail: a replica restarted under its URL within it resumes the night."""
+    slack_marks: Mapping[str, float] | None = None
+    """Each replica's slack mark as earlier runs left it (`pipelines/slack_marks.py`); the
+    controller starts a replica not named at its `slack_fraction`."""
 
     def __post_init__(self) -> None:
         if self.slo is None:  # callers pass slo=None for "the default SLO"
@@ -219,7 +224,7 @@ class GateConfig:
     def build_policy(self) -> AdmissionPolicy:
         return build_policy(
             self.policy, self.slo, self.controller, self.latency_model, self.static_caps,
-            self.engine_flags, self.budget,
+            self.engine_flags, self.budget, self.slack_marks,
         )  # fmt: skip
 
     def check(self) -> None:

@@ -270,11 +270,17 @@ def _status_targets(spec: JobSpec) -> dict:
 def _start_gate(spec: JobSpec, engine: EngineConfig, journal: Path):
     from pipelines.gate import start_gate
     from pipelines.gate_setup import GateConfig
+    from pipelines.slack_marks import last_slack_marks
     from serving.replica_targets import configured_fit, control_targets
 
     fit = None if spec.latency_model else configured_fit(spec.engine_config, engine)
     latency_model = spec.latency_model or (os.path.abspath(fit) if fit else None)
 
+    marks = {}
+    if spec.policy == "slo":  # a replica's spread outlives a run (`pipelines/slack_marks.py`)
+        marks = last_slack_marks(spec.results, engine.name, [name for name, _ in spec.replicas])
+        if marks:
+            log.info("run %s: slack marks earlier runs left: %s", spec.run_id, marks)
     # ITL from the engine's histogram even where chat streams its gaps to the Gate: that is what
     # the run's SLO windows are judged by (sql/slo_windows.sql), and client gaps carry host noise.
     sensor = spec.sensor or {"kind": "vllm", "window_s": spec.slo.window_s, "itl": "engine"}
@@ -295,6 +301,7 @@ def _start_gate(spec: JobSpec, engine: EngineConfig, journal: Path):
         controller=spec.controller or engine.controller,
         engine_flags=engine.vllm,
         journal=str(journal),
+        slack_marks=marks,
     )
     return start_gate(spec.run_id, spec.replicas, config=config)
 

@@ -8,17 +8,17 @@ one `decide(observation)` per replica every few seconds. Invariants (docs/design
 2. **Feedback on chat's pressure** (the worst of window ITL, TTFT and E2E p99 over their SLOs):
    above 1 the step is cut by `cut_factor`, below the slack mark it grows to it, in between it
    holds. The mark is where one window in a hundred breaks the SLO by the spread windows showed
-   about what the controller expected of them (`scheduler/pressure_spread.py`). Only windows
-   that began after a change judge it (a violation right after a growth is cut at once): one
-   change per window at most.
+   about what the controller expected of them (`scheduler/pressure_spread.py`), in this run and
+   in earlier ones (`slack_marks`). Only windows that began after a change judge it (a
+   violation right after a growth is cut at once): one change per window at most.
    Growth also needs a whole slack window since any pressed one at the same target and a window
    in which the target bound (anti-windup), and it stops short of a recent break.
 3. **Model correction.** The target sent is the real one over the plug-in's smoothed
    measured/predicted step ratio; between changes it only falls.
 4. **Seats and KV.** The batch decodes one step can carry (those decoding now and the next
    prefill to end) fit `DECODE_SHARE` of the target, and chat keeps `chat_slot_share` of the
-   engine's sequence slots. A whole document is admitted
-   only while it fits under `kv_high_water` beside everything committed, chat's cached histories
+   engine's sequence slots. A whole document is admitted only while it fits under
+   `kv_high_water` beside everything committed, chat's cached histories
    (`scheduler/chat_cache.py`) included: never preempted, never evicting what chat comes back to.
 5. **Idle steps.** With no chat in the engine the plug-in sizes to the idle target, moved by the
    same feedback.
@@ -29,6 +29,7 @@ State is per replica (one object serves a fleet); no clock is read: time is `Obs
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -115,12 +116,18 @@ class BudgetController:
         model: StepTimeModel,
         config: BudgetControllerConfig | None = None,
         engine_slots: int | None = None,
+        slack_marks: Mapping[str, float] | None = None,
     ) -> None:
         self.slo = slo
         self.model = model
         self.config = config or BudgetControllerConfig()
         self.engine_slots = engine_slots
         self.states: dict[str, _Replica] = {}
+        self.slack_marks = dict(slack_marks or {})
+        """Each replica's slack mark as earlier runs left it: a replica's spread outlives a run
+        (one not named starts at `slack_fraction`)."""
+        if not all(0 < m < 1 for m in self.slack_marks.values()):
+            raise ValueError(f"slack marks must be in (0, 1), got {self.slack_marks}")
 
     def decide(self, obs: Observation) -> Decision:
         """The batch step target, seats and KV room for `obs.replica` until the next decision."""
@@ -132,8 +139,8 @@ class BudgetController:
         cold = state is None or obs.t - state.last_fresh_t > self.config.stale_after_s
         if cold:  # the spread is the replica's and outlives a stale spell; the target does not
             target = COLD_START_SHARE * self.slo.chat_itl_p99_ms / 1000
-            slack = self.config.slack_fraction
-            spread = state.spread if state else PressureSpread.from_slack(slack)
+            mark = self.slack_marks.get(obs.replica, self.config.slack_fraction)
+            spread = state.spread if state else PressureSpread.from_slack(mark)
             spread.target_changed()
             state = self.states[obs.replica] = _Replica(target, target, obs.t, spread)
         self._correct_model(state, obs)

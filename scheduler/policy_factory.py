@@ -13,6 +13,7 @@ Pure: no file is read here; a caller with a latency fit on disk loads it first.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal
 
@@ -64,10 +65,12 @@ def make_policy(
     model: StepTimeModel | None = None,
     controller: BudgetControllerConfig | None = None,
     engine_slots: int | None = None,
+    slack_marks: Mapping[str, float] | None = None,
 ) -> AdmissionPolicy:
     """The admission policy `choice` names. One object serves every replica: the controller keeps
     its state per replica. `engine_slots` is the replicas' `max-num-seqs`, of which the controller
-    leaves chat its share; `model` prices steps and is needed by `slo` only."""
+    leaves chat its share; `model` prices steps and is needed by `slo` only; `slack_marks` are
+    the replicas' slack marks as earlier runs left them (`slo` only)."""
     if choice.name == "none":
         return NoAdmissionControl()
     if choice.name == "static":
@@ -79,4 +82,4 @@ def make_policy(
             "policy 'slo' needs latency_model: a LatencyModel JSON path (fit one with "
             "`nightshift calibrate`, or save scheduler.latency_model.roofline_model(...))"
         )
-    return BudgetController(slo, model, controller, engine_slots)
+    return BudgetController(slo, model, controller, engine_slots, slack_marks)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import random
 
 import pytest
@@ -301,3 +302,18 @@ def test_a_break_right_after_a_growth_lowers_the_mark_it_grew_to():
     before = c.states["r0"].spread.slack_mark()
     assert c.decide(obs(WINDOW + 3, itl_ms=60)).reason == "cut"
     assert c.states["r0"].spread.slack_mark() < before
+
+
+def test_a_replica_starts_at_the_mark_an_earlier_run_left_and_grows_to_it():
+    marks = {"r0": 0.6}
+    c = BudgetController(SLO_, MODEL, BudgetControllerConfig(), engine_slots=64, slack_marks=marks)
+    assert c.decide(obs(0)).slack_mark == pytest.approx(0.6)
+    other = dataclasses.replace(obs(0), replica="r1")
+    assert c.decide(other).slack_mark == pytest.approx(0.8), "a replica not named: the prior"
+    for t in range(3, int(WINDOW), 3):
+        c.decide(obs(t, itl_ms=10, ttft_ms=100))
+    grown = c.decide(obs(WINDOW, itl_ms=10, ttft_ms=100))
+    # The window ran at pressure 0.5 (the step's own share of the ITL SLO): growth aims at 0.6.
+    assert grown.reason == "grow" and grown.batch_step_target_ms == pytest.approx(30, rel=0.01)
+    with pytest.raises(ValueError, match=r"slack marks must be in \(0, 1\)"):
+        BudgetController(SLO_, MODEL, slack_marks={"r0": 1.0})

@@ -3,7 +3,8 @@ cpu-tiny replica, and the real Prometheus it reads stopped (SIGSTOP: it takes co
 answers nothing) for longer than the controller's `stale_after_s`, while chat streams beside the
 night. Within one decision interval and one sensor timeout the Gate decides `stale` and pauses
 batch, the plug-in takes the pause and prefills no batch token until Prometheus answers again,
-chat is served throughout, batch resumes (a cold start) once it answers, and no document fails."""
+chat is served throughout, batch resumes (a cold start) once it answers, and no document fails.
+The night starts the replica at the slack mark an earlier controlled night on it left."""
 
 from __future__ import annotations
 
@@ -12,17 +13,20 @@ import os
 import signal
 import time
 from pathlib import Path
+from urllib.parse import urlparse
 
 import pytest
 
 from bench.processes import descendants
 from scheduler.budget_controller import BudgetControllerConfig
+from serving.engine_config import load_engine_config
 from serving.engine_site.control_files import STATUS_FILE
 from tests.faults.chat_user import ChatUser
 from tests.faults.one_replica.conftest import KEY
 from tests.faults.one_replica.night import corpus, start_run, summaries_so_far
 from tests.integration.prometheus_server import prometheus_server
-from warehouse.run_files import read_table
+from tests.replicas import TINY
+from warehouse.run_files import RunMeta, read_table, run_dir, write_meta, write_table
 
 pytestmark = [pytest.mark.engine, pytest.mark.prometheus]
 
@@ -36,6 +40,20 @@ SENSOR_TIMEOUT_S = 2.0
 """How long the Gate waits for an observation before it counts the sensor as failed."""
 OUTAGE_S = BudgetControllerConfig().stale_after_s + 5
 """Past `stale_after_s`, so that the answer after it is a cold start, not a resumed target."""
+EARLIER_MARK = 0.7
+"""The slack mark an earlier night left the replica at (the prior is 0.8)."""
+
+
+def an_earlier_night(results: Path, replica) -> None:
+    """The run folder a controlled night on this replica left: its last decision's slack mark."""
+    directory = run_dir(results, "earlier-night")
+    directory.mkdir(parents=True)
+    write_meta(directory, RunMeta("earlier-night", load_engine_config(TINY).name, "slo",
+                                  started=time.time() - 86_400))  # fmt: skip
+    url = urlparse(replica.base_url)
+    rows = [{"t": time.time() - 80_000, "replica": f"{url.hostname}:{url.port}",
+             "batch_seats": 4, "chunk_tokens": 0, "slack_mark": EARLIER_MARK}]  # fmt: skip
+    write_table(directory, "decisions", rows, run_id="earlier-night", part="1")
 
 
 def listens_at(pid: int, url: str) -> bool:
@@ -55,7 +73,8 @@ def test_batch_pauses_while_metrics_are_gone_chat_goes_on_and_batch_resumes(
     replica, tmp_path: Path
 ) -> None:
     corpus(tmp_path / "c.parquet", DOCS)
-    run_dir = tmp_path / "results" / "runs" / "metrics-gone"
+    an_earlier_night(tmp_path / "results", replica)
+    night = tmp_path / "results" / "runs" / "metrics-gone"
     jobs = {"vllm": [f"{replica.host}:{replica.port}"]}
     with prometheus_server(tmp_path / "prometheus", jobs) as prom_url:
         (prometheus,) = (p for p in descendants(os.getpid()) if listens_at(p, prom_url))
@@ -65,7 +84,7 @@ def test_batch_pauses_while_metrics_are_gone_chat_goes_on_and_batch_resumes(
                         "--prometheus-url", prom_url)  # fmt: skip
         try:
             deadline = time.monotonic() + 300
-            while time.monotonic() < deadline and not summaries_so_far(run_dir):
+            while time.monotonic() < deadline and not summaries_so_far(night):
                 assert run.poll() is None, run.stdout.read()[-3000:]
                 time.sleep(0.2)
             os.kill(prometheus, signal.SIGSTOP)
@@ -83,11 +102,11 @@ def test_batch_pauses_while_metrics_are_gone_chat_goes_on_and_batch_resumes(
     end = plugin_status(replica)
 
     assert run.returncode == 0, out[-4000:]
-    documents = read_table(run_dir, "documents").to_pylist()
+    documents = read_table(night, "documents").to_pylist()
     assert sorted(d["doc_id"] for d in documents if d["status"] == "done") == DOCS, documents
-    assert sorted(read_table(run_dir, "summaries").column("doc_id").to_pylist()) == DOCS
+    assert sorted(read_table(night, "summaries").column("doc_id").to_pylist()) == DOCS
 
-    decisions = sorted(read_table(run_dir, "decisions").to_pylist(), key=lambda d: d["t"])
+    decisions = sorted(read_table(night, "decisions").to_pylist(), key=lambda d: d["t"])
     during = [d for d in decisions if stopped_at < d["t"] <= resumed_at]
     first_stale = next(d for d in during if d["reason"] == "stale")
     paused_within_s = first_stale["t"] - stopped_at
@@ -97,6 +116,9 @@ def test_batch_pauses_while_metrics_are_gone_chat_goes_on_and_batch_resumes(
     after = [d for d in decisions if d["t"] > resumed_at]
     first_open = next(d for d in after if not d["pause"])
     assert first_open["reason"] == "cold-start"
+    first_start = next(d for d in decisions if d["reason"] == "cold-start")
+    assert first_start["slack_mark"] == pytest.approx(EARLIER_MARK), "the earlier night's mark"
+    assert "slack marks earlier runs left" in out, out[-4000:]
 
     assert held["state"] == before_resume["state"] == "paused"
     prefilled = before_resume["totals"]["batch_prefill_tokens"]
