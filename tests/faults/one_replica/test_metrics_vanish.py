@@ -118,7 +118,6 @@ def test_batch_pauses_while_metrics_are_gone_chat_goes_on_and_batch_resumes(
     assert first_open["reason"] == "cold-start"
     first_start = next(d for d in decisions if d["reason"] == "cold-start")
     assert first_start["slack_mark"] == pytest.approx(EARLIER_MARK), "the earlier night's mark"
-    assert "slack marks earlier runs left" in out, out[-4000:]
 
     assert held["state"] == before_resume["state"] == "paused"
     prefilled = before_resume["totals"]["batch_prefill_tokens"]
