@@ -61,5 +61,5 @@ def _controlled_runs_newest_first(results: str | Path, engine_config: str):
 
 
 def _usable(row: dict) -> bool:
-    mark = row["slack_mark"]
-    return row["t"] is not None and mark is not None and math.isfinite(mark) and 0 < mark < 1
+    mark = row["slack_mark"]  # null in runs before the column, or where no spread was kept
+    return mark is not None and math.isfinite(mark) and 0 < mark < 1
