@@ -7,12 +7,11 @@ one `decide(observation)` per replica every few seconds. Invariants (docs/design
 1. **Fail safe.** No fresh observation for `stale_after_s`: batch pauses; it never steers blind.
 2. **Feedback on chat's pressure** (the worst of window ITL, TTFT and E2E p99 over their SLOs):
    above 1 the step is cut by `cut_factor`, below the slack mark it grows to it, in between it
-   holds. The mark is where one window in a hundred breaks the SLO by the spread windows showed
-   about what the controller expected of them (`scheduler/pressure_spread.py`), in this run and
-   in earlier ones (`slack_marks`). Only windows that began after a change judge it (a
-   violation right after a growth is cut at once): one change per window at most.
-   Growth also needs a whole slack window since any pressed one at the same target and a window
-   in which the target bound (anti-windup), and it stops short of a recent break.
+   holds. The mark is where one window in a hundred breaks the SLO, by the spread this replica's
+   windows showed in this run and earlier ones (`scheduler/pressure_spread.py`). One change per
+   window: only windows that began after a change judge it, but a break right after a growth is
+   cut at once. Growth needs a whole slack window at the target, one in which the target bound
+   (anti-windup), and stops short of a recent break.
 3. **Model correction.** The target sent is the real one over the plug-in's smoothed
    measured/predicted step ratio; between changes it only falls.
 4. **Seats and KV.** The batch decodes one step can carry (those decoding now and the next
@@ -68,9 +67,7 @@ class BudgetControllerConfig(BaseModel):
     slack_fraction: float = Field(0.8, gt=0, lt=1, description="Chat pressure below this is "
         "slack, and the target grows, until the replica's windows have shown their spread.")  # fmt: skip
     max_seats: int = Field(64, ge=1, description="Most batch requests in flight per replica.")
-    chat_slot_share: float = Field(
-        0.5, ge=0, lt=1, description="Share of the engine's max-num-seqs kept for chat."
-    )
+    chat_slot_share: float = Field(0.5, ge=0, lt=1, description="max-num-seqs share kept for chat.")
     kv_high_water: float = Field(
         0.9, gt=0, le=1, description="KV share batch admission stays under."
     )
@@ -83,21 +80,15 @@ class BudgetControllerConfig(BaseModel):
 class _Replica:
     """What the controller remembers about one replica between decisions."""
 
-    target_s: float
-    """The real step time decided at the last change."""
-    sent_s: float
-    """What the engine enforces: `target_s` over the ratio at the change, lowered since only."""
+    target_s: float  # the real step time decided at the last change
+    sent_s: float  # what the engine enforces: target_s / ratio at the change, lowered since only
     changed_t: float
     spread: PressureSpread
-    grew_last: bool = True
-    """Whether the last change was a growth (a cold start counts as one): a violation then cuts
-    without waiting for a window that began after the change."""
-    ratio: float = 1.0
+    grew_last: bool = True  # a violation then cuts at once (a cold start counts as a growth)
+    ratio: float = 1.0  # the plug-in's measured/predicted step time, smoothed
     last_fresh_t: float = -math.inf
-    pressed_t: float | None = None
-    """The last observation since the change that was at or above the slack mark (None: none)."""
-    broke: tuple[float, float, float] | None = None
-    """(t, real step, pressure) of the last window that was cut for breaking the SLO."""
+    pressed_t: float | None = None  # the last window since the change at or above the mark
+    broke: tuple[float, float, float] | None = None  # (t, real step, pressure) of the last cut
 
     def changed(self, t: float, grew: bool, aimed: float | None = None) -> None:
         self.changed_t, self.grew_last, self.pressed_t = t, grew, None
@@ -118,14 +109,11 @@ class BudgetController:
         engine_slots: int | None = None,
         slack_marks: Mapping[str, float] | None = None,
     ) -> None:
-        self.slo = slo
-        self.model = model
+        self.slo, self.model, self.engine_slots = slo, model, engine_slots
         self.config = config or BudgetControllerConfig()
-        self.engine_slots = engine_slots
         self.states: dict[str, _Replica] = {}
+        # A replica's spread outlives a run: each starts at the mark its last run left, if any.
         self.slack_marks = dict(slack_marks or {})
-        """Each replica's slack mark as earlier runs left it: a replica's spread outlives a run
-        (one not named starts at `slack_fraction`)."""
         if not all(0 < m < 1 for m in self.slack_marks.values()):
             raise ValueError(f"slack marks must be in (0, 1), got {self.slack_marks}")
 
@@ -201,12 +189,12 @@ class BudgetController:
         pressure = max(pressure, 1000 * ran_s / self.slo.chat_itl_p99_ms)
         itl = obs.chat_itl_p99_s
         tail = max(1.0, itl / ran_s) if itl and ran_s > 0 else 1.0  # chat's gaps over the step
-        ceiling = self.slo.chat_itl_p99_ms / 1000
         grown = min(self._grown(ran_s, pressure, slack, tail),
                     self._toward_break(state, obs, ran_s, pressure, slack))  # fmt: skip
         if grown > ran_s:
             state.target_s = grown
-            state.changed(obs.t, grew=True, aimed=pressure + (grown - ran_s) * tail / ceiling)
+            aimed = pressure + 1000 * (grown - ran_s) * tail / self.slo.chat_itl_p99_ms
+            state.changed(obs.t, grew=True, aimed=aimed)
             return "grow"
         return "hold"
 
@@ -234,9 +222,8 @@ class BudgetController:
         return ran_s + (slack - pressure) / slope
 
     def _idle_target_ms(self, state: _Replica) -> float | None:
-        """The step target while no chat is in the engine: `IDLE_TTFT_SHARE` of the TTFT SLO at
-        the full target (the ITL SLO), in proportion below, so feedback moves both; None without
-        a TTFT SLO."""
+        """The step target with no chat in the engine: `IDLE_TTFT_SHARE` of the TTFT SLO at the
+        full target (the ITL SLO), in proportion below, so feedback moves both (None: no TTFT SLO)."""
         ttft = self.slo.chat_ttft_p99_ms
         if ttft is None:
             return None
@@ -275,9 +262,6 @@ class BudgetController:
         cap = obs.kv_capacity_tokens
         if not cap or obs.kv_usage is None:
             return None
-        committed = (
-            obs.kv_usage * cap
-            + (obs.chat_cache_tokens or 0)
-            + sum(b.prefill_remaining + max(0, b.output_tokens) for b in obs.batch_in_flight)
-        )
+        to_come = sum(b.prefill_remaining + max(0, b.output_tokens) for b in obs.batch_in_flight)
+        committed = obs.kv_usage * cap + (obs.chat_cache_tokens or 0) + to_come
         return max(0, int(self.config.kv_high_water * cap - committed))
