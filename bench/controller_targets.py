@@ -8,7 +8,8 @@ sections) and >= 1.1x the best `static-budget` (the plug-in at a fixed step targ
 each chosen in hindsight among those that hold the SLO; (3) makes >= 2x both choices under a chat
 trace whose rate swings 3.3x over the run (bench/varying_trace.py); (4) makes >= 70% of the
 latency model's bound, the batch prefill that fits the ITL SLO beside the chat load each run
-measured (`bench.scoring.bound_tokens_per_s`, through the prompts it sent). The static caps best
+measured, its decodes and, in the steps they fill, its prompts (`bench.scoring.bound_tokens_per_s`,
+through the prompts it sent). The static caps best
 for the varying trace in hindsight are reported beside them, for honesty.
 
 Every policy sees the same seeds, engine profile and control loop: decisions every 2 s from a 20 s
@@ -95,6 +96,7 @@ def run_job(job: Job) -> dict:
     policy = _policy(job.policy, cfg.slo, model, profile.vllm)
     result = simulate(cfg, model, lambda _replica: policy, trace)
     s = result.summary
+    bound, chat_share = latency_bound(result, model) if job.policy == "slo" else (None, None)
     return {
         "scenario": job.scenario,
         "policy": job.policy,
@@ -108,20 +110,23 @@ def run_job(job: Job) -> dict:
         "docs_done": s["batch"]["docs_done"],
         "wall_s": s["wall_seconds"],
         "missed": missed_windows(result) if job.policy == "slo" else [],
-        "bound_tokens_per_s": latency_bound(result, model) if job.policy == "slo" else None,
+        "bound_tokens_per_s": bound,
+        "chat_prompt_share": chat_share,
     }
 
 
-def latency_bound(result, model) -> float:
+def latency_bound(result, model) -> tuple[float, float]:
     """The latency model's bound for this run (`bench.scoring.bound_tokens_per_s`): the batch
     prefill tokens/s that fit the ITL SLO beside the chat load the run measured from the
-    backlog's arrival on, through the prompts it finished."""
+    backlog's arrival on, through the prompts it finished; and the share of the steps chat's
+    own prompts took (`bench.scoring.chat_prompt_share`)."""
     from bench.verdicts import sim_bound
 
     cfg, records = result.sim.cfg, result.sim.recorder.records
     chat = [r for r in records if r.cls == "chat"]
     prompts = [r.prompt_tokens for r in records if r.cls == "batch" and r.status == "ok"]
-    return sim_bound(model, cfg.slo, chat, cfg, prompts, since=cfg.batch.start_s)[0]
+    bound, _, _, chat_share = sim_bound(model, cfg.slo, chat, cfg, prompts, cfg.batch.start_s)
+    return bound, chat_share
 
 
 def missed_windows(result) -> list[dict]:

@@ -265,7 +265,7 @@ def summarize(scored: dict, cfg: BenchConfig, controlled: ScenarioRun, slo: SLO)
     chunked = engine.flag("enable-chunked-prefill", True)
     prompts = batch_prompts(controlled.batch_rows)
 
-    def bound_with(model: StepTimeModel) -> tuple[float, float, float]:
+    def bound_with(model: StepTimeModel) -> tuple[float, float, float, float]:
         return measured_bound(
             model,
             slo,
@@ -278,12 +278,10 @@ def summarize(scored: dict, cfg: BenchConfig, controlled: ScenarioRun, slo: SLO)
         )
 
     fit = LatencyModel.from_json(cfg.latency_model)
-    bound, seqs, ctx = bound_with(fit)
+    bound, seqs, ctx, share = bound_with(fit)
     ratio = measured_step_ratio(_engine_steps(cfg, controlled.run_id))
     measured = (ratio, bound_with(MeasuredModel(fit, ratio))[0]) if ratio else None
-    return summary(
-        scored, slo, bound, seqs, ctx, corpus_docs=_corpus_docs(cfg.corpus), measured=measured
-    )
+    return summary(scored, slo, bound, seqs, ctx, share, _corpus_docs(cfg.corpus), measured)
 
 
 def _engine_steps(cfg: BenchConfig, run_id: str) -> list[dict]:

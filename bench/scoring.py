@@ -126,6 +126,39 @@ def batch_prompts(batch_rows: list[dict]) -> list[int]:
     ]
 
 
+def chat_prompt_share(
+    model: StepTimeModel,
+    chat: list[RequestRecord],
+    t0: float,
+    t1: float,
+    decode_seqs: float,
+    context: float,
+    chunk_tokens: int,
+    room_tokens: int,
+) -> float:
+    """Share of the engine's time over [t0, t1) that chat's own prompts take from batch prefill.
+
+    The engine schedules chat first, each prompt in chunks of at most `chunk_tokens` (its cap on
+    one request's chunk, `step_chunk_cap`), so every chunk but a prompt's last fills the step's
+    token room (`room_tokens`, what the step budget leaves beside the decodes), and no batch
+    prefill fits in that step. Each chunk of a prompt whose first token came in the span, from
+    its cached prefix on, is priced as a step beside the chat decodes, and counted for the share
+    of the room it fills: the room a short last chunk leaves is room batch could use."""
+    seqs = max(1, round(decode_seqs))
+    ctx = int(seqs * context)
+    busy = 0.0
+    for r in chat:
+        if r.t_first_token is None or not t0 <= r.t_first_token < t1:
+            continue
+        position = r.cached_tokens
+        while position < r.prompt_tokens:
+            chunk = min(chunk_tokens, r.prompt_tokens - position)
+            step_s = model.step_seconds(StepBatch((PrefillChunk(chunk, position),), seqs, ctx))
+            busy += step_s * min(1.0, chunk / room_tokens)
+            position += chunk
+    return min(1.0, busy / max(t1 - t0, 1e-9))
+
+
 def bound_tokens_per_s(
     model: StepTimeModel,
     slo: SLO,
@@ -133,14 +166,16 @@ def bound_tokens_per_s(
     context: float,
     max_chunk: int,
     prompts: Sequence[int] = (),
+    chat_prompt_share: float = 0.0,
 ) -> float:
     """Batch prefill tokens per second that fit the ITL SLO beside the measured chat load: every
     step carries the largest batch chunk whose predicted step time stays within the SLO, back to
     back, through each of `prompts` (the prompt lengths the run sent) from its first token to its
-    last. Deep in a long prompt a chunk pays attention over its whole prefix, so an 80k-token
-    document sent whole bounds lower than the same tokens in sections. Without prompts, one chunk
-    at position 0. An upper bound: it ignores chat prefills, which also need room in the steps,
-    and KV, which may not hold a whole document beside chat."""
+    last, in the time chat's own prompts leave (`chat_prompt_share` of it is theirs). Deep in a
+    long prompt a chunk pays attention over its whole prefix, so an 80k-token document sent whole
+    bounds lower than the same tokens in sections. Without prompts, one chunk at position 0. An
+    upper bound: it ignores KV, which may not hold a whole document beside chat."""
+    free = 1.0 - chat_prompt_share
     seqs = max(1, round(decode_seqs))
     ctx = int(seqs * context)
 
@@ -155,7 +190,7 @@ def bound_tokens_per_s(
     lengths = sorted(p for p in prompts if p > 0)
     if not lengths:
         chunk = chunk_at(0)
-        return chunk / step_s(chunk, 0) if chunk > 0 else 0.0
+        return free * chunk / step_s(chunk, 0) if chunk > 0 else 0.0
     # One walk to the longest prompt; each prompt takes the walk's time to its own length.
     elapsed, position, seconds = 0.0, 0, 0.0
     for length in lengths:
@@ -166,4 +201,4 @@ def bound_tokens_per_s(
             elapsed += step_s(chunk, position)
             position += chunk
         seconds += elapsed
-    return sum(lengths) / seconds
+    return free * sum(lengths) / seconds

@@ -228,8 +228,8 @@ def score(run: SimScenario, slo: SLO, duration_s: float) -> dict:
 def summarize(scored: dict, bench: SimBench, controlled: SimScenario, slo: SLO) -> dict:
     """The real bench's summary; the bound comes from the replica's own step-time model."""
     prompts = batch_prompts(controlled.batch_rows)
-    bound, seqs, ctx = sim_bound(bench.model, slo, controlled.chat, bench.base, prompts)
-    return summary(scored, slo, bound, seqs, ctx, corpus_docs=bench.base.batch.docs)
+    bound, seqs, ctx, share = sim_bound(bench.model, slo, controlled.chat, bench.base, prompts)
+    return summary(scored, slo, bound, seqs, ctx, share, corpus_docs=bench.base.batch.docs)
 
 
 def _run(

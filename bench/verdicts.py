@@ -12,7 +12,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from bench.scoring import bound_tokens_per_s, chat_decode_load
+from bench.scoring import bound_tokens_per_s, chat_decode_load, chat_prompt_share
 from scheduler.engine_flags import engine_step_tokens
 from scheduler.slo import SLO
 from scheduler.step import PrefillChunk, StepBatch, StepTimeModel
@@ -98,12 +98,16 @@ def step_chunk_cap(
     The step budget (`step_tokens`, None without chunked prefill) counts decode tokens too, and
     the long-prefill threshold caps one request's chunk; a bound that ignored them would price
     steps the engine never runs."""
-    if step_tokens is None:
-        return max_model_len
-    cap = step_tokens - round(decode_seqs)
+    cap = step_room(step_tokens, max_model_len, decode_seqs)
     if long_prefill_threshold > 0:
         cap = min(cap, long_prefill_threshold)
     return max(1, cap)
+
+
+def step_room(step_tokens: int | None, max_model_len: int, decode_seqs: float) -> int:
+    """Prefill tokens one engine step has room for beside `decode_seqs` decodes (without chunked
+    prefill, a whole prompt)."""
+    return max_model_len if step_tokens is None else max(1, step_tokens - round(decode_seqs))
 
 
 def measured_bound(
@@ -115,13 +119,16 @@ def measured_bound(
     step_tokens: int | None,
     long_prefill_threshold: int,
     max_model_len: int,
-) -> tuple[float, float, float]:
-    """(bound, chat decode sequences, their mean context): the latency model's bound
-    (`bench.scoring.bound_tokens_per_s`) beside the chat load `chat` measured over `span`, through
+) -> tuple[float, float, float, float]:
+    """(bound, chat decode sequences, their mean context, chat prompts' share of the steps): the
+    latency model's bound (`bench.scoring.bound_tokens_per_s`) beside the chat load `chat`
+    measured over `span`, its decodes and its prompts (`chat_prompt_share`), through
     `batch_prompts`, at the step the engine's flags allow beside that load (`step_chunk_cap`)."""
     seqs, ctx = chat_decode_load(chat, *span)
     cap = step_chunk_cap(step_tokens, long_prefill_threshold, max_model_len, seqs)
-    return bound_tokens_per_s(model, slo, seqs, ctx, cap, batch_prompts), seqs, ctx
+    room = step_room(step_tokens, max_model_len, seqs)
+    share = chat_prompt_share(model, chat, *span, seqs, ctx, cap, room)
+    return bound_tokens_per_s(model, slo, seqs, ctx, cap, batch_prompts, share), seqs, ctx, share
 
 
 @dataclass(frozen=True)
@@ -158,7 +165,7 @@ def sim_bound(
     cfg: SimConfig,
     batch_prompts: list[int],
     since: float = 0.0,
-) -> tuple[float, float, float]:
+) -> tuple[float, float, float, float]:
     """`measured_bound` for a simulated run: chat measured from `since` to the run's end, at the
     step its simulated engine's flags allow."""
     engine = cfg.engine
@@ -188,6 +195,7 @@ def summary(
     bound: float,
     decode_seqs: float,
     context: float,
+    chat_prompt_share: float,
     corpus_docs: int | None = None,
     measured: tuple[float, float] | None = None,
 ) -> dict:
@@ -229,5 +237,6 @@ def summary(
         else None,
         "chat_decode_seqs": decode_seqs,
         "chat_decode_context": context,
+        "chat_prompt_share": chat_prompt_share,
         "corpus_bound": corpus_bound(scored, corpus_docs),
     }

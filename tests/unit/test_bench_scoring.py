@@ -6,6 +6,7 @@ from bench.scoring import (
     bound_tokens_per_s,
     chat_decode_load,
     chat_latency,
+    chat_prompt_share,
     window_verdicts,
 )
 from bench.verdicts import itl_floor_ms, pick_static, slo_from_chat_only
@@ -142,6 +143,28 @@ def test_the_bound_walks_each_prompt_so_a_long_one_whole_bounds_lower_than_secti
     )
 
 
+def test_chat_prompts_take_the_steps_they_fill_from_the_bound() -> None:
+    from scheduler.step import PrefillChunk, StepBatch
+
+    model = LatencyModel(s_per_token=1e-5, s_per_attention_unit=1e-8, overhead_s=0.005)
+    prompt = chat(1, 0.1, 0.01, 10)
+    prompt.prompt_tokens, prompt.cached_tokens = 1000, 200  # 800 to prefill from position 200
+    late = chat(20, 0.1, 0.01, 10)  # first token after the span: not counted
+
+    def step(tokens: int, position: int) -> float:
+        return model.step_seconds(StepBatch((PrefillChunk(tokens, position),), 4, 4000))
+
+    # Chunks of 300 in a step with room for 400: 300, 300 and a last 200, each the share of the
+    # room it fills; the cached prefix is not prefilled again.
+    share = chat_prompt_share(model, [prompt, late], 0, 10, 4, 1000, 300, 400)
+    expected = (step(300, 200) * 0.75 + step(300, 500) * 0.75 + step(200, 800) * 0.5) / 10
+    assert share == pytest.approx(expected)
+    slo = SLO(chat_itl_p99_ms=60)
+    free = bound_tokens_per_s(model, slo, 4, 1000, 4096, [20_000])
+    beside = bound_tokens_per_s(model, slo, 4, 1000, 4096, [20_000], chat_prompt_share=share)
+    assert beside == pytest.approx(free * (1 - share)) and beside < free
+
+
 def test_a_host_faster_than_its_fit_is_priced_as_the_plugin_measured_it() -> None:
     from bench.report import fit_note
     from bench.verdicts import MeasuredModel, measured_step_ratio
@@ -172,8 +195,8 @@ def test_the_summary_carries_the_measured_bound_beside_the_fits() -> None:
     scored = {
         "controlled": {"batch": {"tokens_per_s": 900.0, "slo_batch_tokens_per_s": 900.0}},
     }
-    plain = summary(scored, SLO(), 1000.0, 2.0, 900.0)
+    plain = summary(scored, SLO(), 1000.0, 2.0, 900.0, 0.1)
     assert plain["step_time_ratio"] is None and plain["controlled_fraction_of_bound"] == 0.9
-    measured = summary(scored, SLO(), 1000.0, 2.0, 900.0, measured=(0.6, 1500.0))
+    measured = summary(scored, SLO(), 1000.0, 2.0, 900.0, 0.1, measured=(0.6, 1500.0))
     assert measured["step_time_ratio"] == 0.6
     assert measured["controlled_fraction_of_bound_measured"] == pytest.approx(0.6)
