@@ -9,8 +9,8 @@ each chosen in hindsight among those that hold the SLO; (3) makes >= 2x both cho
 trace whose rate swings 3.3x over the run (bench/varying_trace.py); (4) makes >= 70% of the
 latency model's bound, the batch prefill that fits the ITL SLO beside the chat load each run
 measured, its decodes and, in the steps they fill, its prompts (`bench.scoring.bound_tokens_per_s`,
-through the prompts it sent). The static caps best
-for the varying trace in hindsight are reported beside them, for honesty.
+through the prompts it sent). The static caps best for the varying trace in hindsight are reported
+beside them, for honesty.
 
 Every policy sees the same seeds, engine profile and control loop: decisions every 2 s from a 20 s
 sensor window (a p99 needs ~100 samples to mean anything), and the backlog arriving after a minute
