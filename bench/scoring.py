@@ -126,6 +126,13 @@ def batch_prompts(batch_rows: list[dict]) -> list[int]:
     ]
 
 
+def _step_decodes(decode_seqs: float, context: float) -> tuple[int, int]:
+    """The chat decodes a priced step carries: the mean sequences decoding (at least one) and
+    their total context, at the mean context each."""
+    seqs = max(1, round(decode_seqs))
+    return seqs, int(seqs * context)
+
+
 def chat_prompt_share(
     model: StepTimeModel,
     chat: list[RequestRecord],
@@ -144,8 +151,7 @@ def chat_prompt_share(
     prefill fits in that step. Each chunk of a prompt whose first token came in the span, from
     its cached prefix on, is priced as a step beside the chat decodes, and counted for the share
     of the room it fills: the room a short last chunk leaves is room batch could use."""
-    seqs = max(1, round(decode_seqs))
-    ctx = int(seqs * context)
+    seqs, ctx = _step_decodes(decode_seqs, context)
     busy = 0.0
     for r in chat:
         if r.t_first_token is None or not t0 <= r.t_first_token < t1:
@@ -176,8 +182,7 @@ def bound_tokens_per_s(
     bounds lower than the same tokens in sections. Without prompts, one chunk at position 0. An
     upper bound: it ignores KV, which may not hold a whole document beside chat."""
     free = 1.0 - chat_prompt_share
-    seqs = max(1, round(decode_seqs))
-    ctx = int(seqs * context)
+    seqs, ctx = _step_decodes(decode_seqs, context)
 
     def chunk_at(position: int) -> int:
         return largest_chunk_within(
