@@ -144,12 +144,11 @@ class MeasuredModel:
 
 
 def measured_step_ratio(engine_steps: Sequence[Mapping[str, Any]]) -> float | None:
-    """The median of the plug-in's measured/predicted step-time ratio over the `engine_steps` rows
-    of a run's intervals that prefilled batch tokens (None where there were none, or it priced no
-    step: no control document): how far this host's batch steps are from the latency fit's.
-    Intervals of chat alone are left out: their small steps are mostly fixed cost, which a fit
-    prices differently (1.4-1.6x where batch steps ran at 0.6x), and a run whose documents are
-    all decoding their summaries for a while would price a batch step by them."""
+    """The median of the plug-in's measured/modelled time of its batch steps over the
+    `engine_steps` rows of a run's intervals that prefilled batch tokens (None where there were
+    none, or it priced no step: no control document): how far this host's batch steps are from the
+    latency fit's, before the plug-in's own tail scale. Steps of chat alone are left out by the
+    plug-in: their small steps are mostly fixed cost, which a fit prices differently."""
     ratios = [
         r["step_time_ratio"]
         for r in engine_steps

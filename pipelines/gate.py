@@ -446,6 +446,7 @@ class GateActor:
         doc = engine_control.decision_document(
             r.control_seq, d.batch_step_target_ms or 0.0, self.model, ttl, d.pause,
             idle_target_ms=d.idle_step_target_ms, chat_cache_horizon_s=d.chat_cache_horizon_s,
+            tail_scale=d.tail_scale,
         )  # fmt: skip
         try:
             await asyncio.to_thread(engine_control.send, target, doc)

@@ -92,6 +92,9 @@ class Decision:
     """How far back the plug-in counts chat's prefix-cache working set (None: it does not)."""
     slack_mark: float | None = None
     """Chat pressure the target grows to and holds above (None: the policy has no such mark)."""
+    tail_scale: bool = True
+    """Whether the plug-in scales its model by the tail of its own error (a fixed target); False
+    where the policy corrects the model itself from the plug-in's measured steps."""
 
 
 def within_prefill_budget(

@@ -12,8 +12,9 @@ one `decide(observation)` per replica every few seconds. Invariants (docs/design
    window: only windows that began after a change judge it, but a break right after a growth is
    cut at once. Growth needs a whole slack window at the target, one in which the target bound
    (anti-windup), and stops short of a recent break.
-3. **Model correction.** The target sent is the real one over the plug-in's smoothed
-   measured/predicted step ratio; between changes it only falls.
+3. **Model correction.** The target sent is the real one over the smoothed measured/modelled
+   time of the plug-in's batch steps; between changes it only falls. It is the only correction:
+   the plug-in sizes to the model as sent (`tail_scale` off).
 4. **Seats and KV.** The batch decodes one step can carry (those decoding now and the next
    prefill to end) fit `DECODE_SHARE` of the target, and chat keeps `chat_slot_share` of the
    engine's sequence slots. A whole document is admitted only while it fits under
@@ -147,6 +148,7 @@ class BudgetController:
             idle_step_target_ms=self._idle_target_ms(state),
             chat_cache_horizon_s=self.config.chat_cache_horizon_s,
             slack_mark=state.spread.slack_mark(),
+            tail_scale=False,
         )
 
     # -- feedback ---------------------------------------------------------------------------

@@ -52,6 +52,11 @@ class ControlDocument:
     chat_cache_horizon_s: float | None = None
     """How far back the plug-in counts chat's prefix-cache working set for its status (absent: it
     does not count it; `scheduler/chat_cache.py`)."""
+    tail_scale: bool = True
+    """True: the plug-in scales the model by the tail of its own error on batch steps
+    (`scheduler/step_scale.py`), so a fixed target holds at the 99th percentile. False: it sizes
+    to the model as sent, because the sender corrects the model from the status document's
+    measured batch steps and holds chat's p99 by feedback (two corrections would fight)."""
 
     def expired(self, now: float) -> bool:
         return now >= self.expires_at
@@ -62,6 +67,8 @@ class ControlDocument:
         for key in ("idle_step_target_ms", "chat_cache_horizon_s"):
             if doc[key] is None:
                 del doc[key]
+        if doc["tail_scale"]:
+            del doc["tail_scale"]  # the default: documents of fixed targets read as before
         return json.dumps({"format": FORMAT, **doc}, sort_keys=True)
 
 
@@ -75,6 +82,7 @@ _FIELDS = {
     "pause": bool,
     "idle_step_target_ms": float,
     "chat_cache_horizon_s": float,
+    "tail_scale": bool,
 }
 _REQUIRED = ("seq", "expires_at", "batch_step_target_ms", "latency_model")
 
@@ -139,6 +147,7 @@ def from_dict(raw: object) -> ControlDocument:
         chat_cache_horizon_s=(
             float(raw["chat_cache_horizon_s"]) if "chat_cache_horizon_s" in raw else None
         ),
+        tail_scale=raw.get("tail_scale", True),
     )
 
 

@@ -50,6 +50,10 @@ class BatchStepTarget:
     idle_target_s: float | None = None
     """The step time batch chunks fit while no chat request is in the engine (None: `target_s`
     always); see `step_target_s`."""
+    tail_scale: bool = True
+    """Whether the plug-in sizes to the model scaled by the tail of its own error
+    (`scheduler/step_scale.py`), so a fixed target holds at the 99th percentile; False where the
+    sender corrects the model itself from measured steps (a controller), one correction not two."""
 
     def step_target_s(self, chat_in_engine: bool) -> float:
         """The target of one step. With chat in the engine (decoding, prefilling or waiting) it

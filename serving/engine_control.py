@@ -62,6 +62,7 @@ def decision_document(
     now: float | None = None,
     idle_target_ms: float | None = None,
     chat_cache_horizon_s: float | None = None,
+    tail_scale: bool = True,
 ) -> ControlDocument:
     """A checked control document that expires `ttl_s` after `now`."""
     now = time.time() if now is None else now
@@ -77,6 +78,8 @@ def decision_document(
         doc["idle_step_target_ms"] = float(idle_target_ms)
     if chat_cache_horizon_s is not None:
         doc["chat_cache_horizon_s"] = float(chat_cache_horizon_s)
+    if not tail_scale:
+        doc["tail_scale"] = False
     return from_dict(doc)
 
 

@@ -3,8 +3,9 @@
 vLLM's latency histograms count batch tokens and batch prompts with chat's, and a chat waiting
 behind a batch prefill produces no token at all; the engine plug-in keeps chat's own gaps and time
 to first token apart (`serving/engine_site/engine_status.py`), so this sensor is how the controller
-judges chat by chat's numbers. It also reports the measured/predicted step-time ratio the
-controller corrects its model with, and keeps one `engine_steps` row per status document read.
+judges chat by chat's numbers. It also reports the measured/modelled step-time ratio of the steps
+that carried a batch chunk, which the controller corrects its model with, and keeps one
+`engine_steps` row per status document read.
 
 Status documents are cumulative; a window is the difference between the newest and the newest at
 least `window_s` older (or the oldest kept). A replica whose plug-in has written nothing (no
@@ -32,8 +33,10 @@ def window_figures(newer: dict, older: dict) -> dict:
     """Chat p99s and engine step figures between two status documents of one engine."""
     a, b = newer["totals"], older["totals"]
     steps = a["steps"] - b["steps"]
-    predicted = a["predicted_s"] - b["predicted_s"]
-    measured = a["measured_when_predicted_s"] - b["measured_when_predicted_s"]
+    # The model's error where batch chunks were sized; None in a window with no batch step (or
+    # from a plug-in that does not count them), which then says nothing about the model.
+    modelled = a.get("batch_model_s", 0.0) - b.get("batch_model_s", 0.0)
+    measured = a.get("batch_measured_s", 0.0) - b.get("batch_measured_s", 0.0)
     itl = histogram_delta(status_histogram(newer, "chat_itl_seconds"),
                           status_histogram(older, "chat_itl_seconds"))  # fmt: skip
     ttft = histogram_delta(status_histogram(newer, "chat_ttft_seconds"),
@@ -47,7 +50,7 @@ def window_figures(newer: dict, older: dict) -> dict:
         "steps": steps,
         "chat_itl_p99_s": histogram_quantile(itl, 0.99),
         "chat_ttft_p99_s": histogram_quantile(ttft, 0.99),
-        "step_time_ratio": measured / predicted if predicted > 0 else None,
+        "step_time_ratio": measured / modelled if modelled > 0 else None,
         "mean_step_s": (a["measured_s"] - b["measured_s"]) / steps if steps else None,
         "batch_prefill_tokens": batch_prefill,
         "batch_tokens_per_step": batch_prefill / batch_steps if batch_steps else 0.0,

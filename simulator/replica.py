@@ -31,6 +31,14 @@ class StepSpread:
         self.quantiles = tuple(quantiles)
         self.rng = rng
 
+    @property
+    def mean(self) -> float:
+        """The mean multiplier a draw gives (the area under the quantile line)."""
+        q = self.quantiles
+        if not q:
+            return 1.0
+        return (sum(q) - (q[0] + q[-1]) / 2) / (len(q) - 1)
+
     def draw(self) -> float:
         q = self.quantiles
         if not q:
@@ -54,7 +62,7 @@ class Replica:
         self.name = name
         self.params = params
         self.model = model
-        self._spread = StepSpread(params.step_time_spread, random.Random(f"{seed}:{name}:steps"))
+        self.spread = StepSpread(params.step_time_spread, random.Random(f"{seed}:{name}:steps"))
         self.kv = KVCache(
             params.kv_capacity_tokens, params.block_size, params.enable_prefix_caching
         )
@@ -101,7 +109,7 @@ class Replica:
         # A model that priced a step at zero would freeze virtual time; a microsecond is below any
         # real engine step.
         self.step_price = self.model.step_seconds(step.batch)
-        seconds = self.step_price * self.params.step_time_ratio * self._spread.draw()
+        seconds = self.step_price * self.params.step_time_ratio * self.spread.draw()
         return now + max(seconds, MIN_STEP_S)
 
     def end_step(self, now: float) -> StepOutcome:

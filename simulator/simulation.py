@@ -161,7 +161,7 @@ class Simulation:
             kv = replica.kv
             obs = replica.sensor.observe(
                 self.now, replica.name, kv.usage, engine.running, engine.waiting(),
-                kv.num_blocks * kv.block_size, plug_in_ratio(engine),
+                kv.num_blocks * kv.block_size, plug_in_ratio(replica),
                 engine.chat_cache_tokens(self.now),
             )  # fmt: skip
             decision = self.policies[replica.name].decide(obs)
@@ -193,12 +193,13 @@ class Simulation:
             self.recorder.finish(req, self.now, status="cancelled")
 
 
-def plug_in_ratio(engine) -> float | None:
-    """The measured/predicted step time a replica's plug-in reports: what is left of the engine's
-    `step_time_ratio` after the plug-in's own scale (None while the engine runs stock)."""
-    if engine.batch_target is None:
+def plug_in_ratio(replica) -> float | None:
+    """The measured over modelled step time a replica's plug-in reports over its steps that
+    carried a batch chunk: the replica's `step_time_ratio` times its steps' mean spread (None
+    while the engine runs stock)."""
+    if replica.engine.batch_target is None:
         return None
-    return engine.step_time_ratio / engine.scale.value
+    return replica.params.step_time_ratio * replica.spread.mean
 
 
 def plug_in_target(decision: Decision, model: StepTimeModel) -> BatchStepTarget | None:
@@ -213,4 +214,5 @@ def plug_in_target(decision: Decision, model: StepTimeModel) -> BatchStepTarget 
         model,
         paused=decision.pause,
         idle_target_s=None if idle is None else idle / 1000,
+        tail_scale=decision.tail_scale,
     )

@@ -103,9 +103,10 @@ def send(
     ttl_s: float = 60.0,
     pause: bool = False,
     horizon_s: float | None = None,
+    tail_scale: bool = True,
 ):
     doc = engine_control.decision_document(
-        seq, target_ms, MODEL, ttl_s, pause, chat_cache_horizon_s=horizon_s
+        seq, target_ms, MODEL, ttl_s, pause, chat_cache_horizon_s=horizon_s, tail_scale=tail_scale
     )
     engine_control.send(engine_control.ControlTarget("harness", folder=folder), doc)
     time.sleep(0.03)  # one poll interval of the plug-in
@@ -199,7 +200,8 @@ def case_kv_stall(folder: Path) -> dict:
 
 def case_stale_scale(folder: Path) -> dict:
     """The model's scale at its bound after a spell of slow batch steps, under a target of twice
-    one block's bare price: no chunk fits; then that evidence grows older than the scale keeps it."""
+    one block's bare price: no chunk fits, unless the document says the sender corrects the
+    model itself (`tail_scale` off); then that evidence grows older than the scale keeps it."""
     from collections import deque
 
     from scheduler.step import PrefillChunk, StepBatch
@@ -213,9 +215,14 @@ def case_stale_scale(folder: Path) -> dict:
         scale.observe(time.monotonic(), 0.030, 0.010)  # 3x the model
     s.add_request(request("batch", BATCH_PROMPT, 10))
     latched = [step(s) for _ in range(2)]
+    send(folder, 2, 2 * block_ms, tail_scale=False)
+    unscaled = step(s)
+    status = _status(s, folder)
+    send(folder, 3, 2 * block_ms)
     scale.sized = deque(((t - SAMPLE_LIFE_S - 1, r) for t, r in scale.sized), scale.sized.maxlen)
     freed = [step(s) for _ in range(2)]
-    return {"latched": latched, "freed": freed, "scale": scale.value}
+    return {"latched": latched, "unscaled": unscaled, "freed": freed, "scale": scale.value,
+            "unscaled_status": status}  # fmt: skip
 
 
 def case_garbage_first(folder: Path) -> dict:

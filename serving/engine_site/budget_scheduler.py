@@ -84,9 +84,12 @@ class _Plugin:
     `scale` is the control document's latency model priced with this engine's own steps
     (`scheduler.step_scale`: the tail of its error over the recent steps that carried a batch
     chunk, forgotten after `SAMPLE_LIFE_S` so that a scale set too high cannot hold batch for good).
-    Batch chunks are sized so that the *scaled* prediction fits the target, and the status reports
-    scaled predictions, so a target of T ms means batch steps of at most about T ms here, and the
-    measured/predicted ratio a controller reads is what is left after this correction.
+    Under a document with `tail_scale` (a fixed target) batch chunks are sized so that the *scaled*
+    prediction fits the target: a target of T ms means batch steps of at most about T ms here.
+    Under one without (a controller's), chunks are sized to the model as sent: the controller
+    corrects the model by the measured/modelled ratio of the batch steps the status reports, and
+    a second, faster correction inside the engine would fight it (one slow batch step sets the
+    tail of a handful, and no chunk fits until that evidence expires).
     """
 
     def __init__(self, sched) -> None:
@@ -100,6 +103,8 @@ class _Plugin:
         self.last_update = 0.0
         self.step_started = 0.0
         self.scale = StepTimeScale()
+        self.applied_scale = 1.0
+        """The scale this step's budget was sized with (1 under a document without `tail_scale`)."""
         self.last_token: dict[str, float] = {}
         self.held_back = False
         """Whether this step's budget granted a batch prefill nothing."""
@@ -145,7 +150,7 @@ class _Plugin:
             "rejected": ch.rejected if ch else 0,
             "last_rejection": ch.last_rejection if ch else None,
             "chat_cache_tokens": self.chat_cache.tokens(time.monotonic(), self.cache_horizon()),
-            "model_scale": self.scale.value,
+            "model_scale": self.applied_scale,
         }
 
     def cache_horizon(self) -> float | None:
@@ -173,9 +178,9 @@ class _Plugin:
         )
         target = BatchStepTarget(d.target_s, d.model, idle_target_s=d.idle_target_s)
         target_s = target.step_target_s(chat)
-        scale = self.scale.at(self.step_started)
-        self.budget = StepBudget(d.model, target_s / scale, room, fixed, sched.block_size,
-                                 d.min_chunk_tokens)  # fmt: skip
+        self.applied_scale = self.scale.at(self.step_started) if d.tail_scale else 1.0
+        self.budget = StepBudget(d.model, target_s / self.applied_scale, room, fixed,
+                                 sched.block_size, d.min_chunk_tokens)  # fmt: skip
 
     def cap(self, request, num_computed_tokens: int, num_new_tokens: int) -> int:
         """The chunk vLLM may schedule for `request`: its own for chat and decodes, the grant
@@ -256,7 +261,7 @@ class _Plugin:
             self.chat_cache.taken(chat_blocks.taken_by_new_chat(sched, output))
         if self.directive is not None:
             rec.model_s = self.directive.model.step_seconds(rec.step)
-            rec.predicted_s = rec.model_s * self.scale.value
+            rec.predicted_s = rec.model_s * self.applied_scale
         self.pending.append((self.step_started, rec))
 
     def log_step(self, step: StepBatch, seconds: float) -> None:

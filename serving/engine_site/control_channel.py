@@ -51,6 +51,8 @@ class Directive:
     """Target of steps with no chat in the engine (`scheduler.step_budget.BatchStepTarget`)."""
     chat_cache_horizon_s: float | None = None
     """How far back chat's prefix-cache working set is counted (None: it is not)."""
+    tail_scale: bool = True
+    """Whether chunks are sized to the model scaled by the tail of this engine's own error."""
 
     @property
     def sizing(self) -> bool:
@@ -104,7 +106,7 @@ class ControlChannel:
         return Directive(
             state, doc.seq, doc.batch_step_target_ms / 1000.0, doc.latency_model,
             doc.min_chunk_tokens, None if idle is None else idle / 1000.0,
-            doc.chat_cache_horizon_s,
+            doc.chat_cache_horizon_s, doc.tail_scale,
         )  # fmt: skip
 
     def _poll(self) -> None:

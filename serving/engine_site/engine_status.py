@@ -99,6 +99,12 @@ class Totals:
     model_s: float = 0.0
     """The control document's model alone over the same steps (`predicted_s` is after the
     plug-in's scale): `measured_when_predicted_s / model_s` is how far off the model is here."""
+    batch_measured_s: float = 0.0
+    batch_model_s: float = 0.0
+    """Measured time and the model alone, over the steps with a model that carried a batch prefill
+    chunk: their ratio is the model's error where the plug-in sizes, what a controller corrects
+    the model by. Steps without batch are left out: their time is mostly the fixed cost of a step,
+    which a fit prices less well, and it moves with chat's load, not with the chunks sized."""
     max_measured_s: float = 0.0
 
 
@@ -154,6 +160,9 @@ class EngineStatus:
                 t.predicted_s += rec.predicted_s
                 t.measured_when_predicted_s += measured_s
                 t.model_s += rec.model_s or 0.0
+                if rec.batch_prefill:
+                    t.batch_measured_s += measured_s
+                    t.batch_model_s += rec.model_s or 0.0
 
     def document(self, control: dict) -> dict:
         r = self._recent

@@ -86,6 +86,9 @@ def test_a_scale_a_passing_spell_set_high_holds_batch_only_until_its_evidence_ex
     it is too high: its evidence expires, and the step it then allows sets it afresh."""
     case = seen["stale_scale"]
     assert case["latched"] == [{}, {}], "at 3x the model, no block fits the target"
+    assert case["unscaled"].get("batch", 0) > 0, "sized to the model as a controller sends it"
+    status = case["unscaled_status"]
+    assert status["model_scale"] == 1.0 and status["totals"]["batch_model_s"] > 0
     assert all(s.get("batch", 0) > 0 for s in case["freed"]), case["freed"]
     assert case["scale"] == 1.0, "learnt from the step it allowed (microseconds here)"
 
@@ -246,3 +249,28 @@ def test_the_simulators_engine_moves_batch_beside_a_chat_prompt_that_finds_no_kv
     real = [s for s in seen["kv_stall"]["steps"] if s]
     sim = simulated(400, chat_at=1, steps=len(real), kv_blocks=30, max_tokens=4)
     assert sim == real
+
+
+def test_the_simulators_engine_applies_the_tail_scale_as_the_plugin_does(seen):
+    """At a scale a slow spell set to 3x, a fixed target's chunk does not fit and a controller's
+    (`tail_scale` off, the model corrected by the sender) gets what the plug-in grants."""
+    from scheduler.step import PrefillChunk, StepBatch
+
+    def first_grant(tail_scale: bool) -> int:
+        params = EngineParams(
+            kv_capacity_tokens=12_500 * BLOCK, block_size=BLOCK,
+            max_num_batched_tokens=STEP_TOKENS, long_prefill_token_threshold=STEP_TOKENS,
+            max_num_seqs=16, enable_prefix_caching=False,
+        )  # fmt: skip
+        eng = EngineScheduler(params, KVCache(12_500 * BLOCK, BLOCK, False))
+        for _ in range(40):
+            eng.scale.observe(0.0, 0.030, 0.010)
+        block_s = MODEL.step_seconds(StepBatch((PrefillChunk(BLOCK, 0),)))
+        eng.batch_target = BatchStepTarget(2 * block_s, MODEL, tail_scale=tail_scale)
+        segments = (Segment(("batch",), BATCH_PROMPT),)
+        eng.add(Request("batch", "batch", "chat", BATCH_PRIORITY, 0.0, segments, 10, ("o",)))
+        s = eng.schedule(0.0)
+        return sum(n for _, n in s.prefills) if s is not None else 0
+
+    assert first_grant(tail_scale=True) == 0
+    assert first_grant(tail_scale=False) == seen["stale_scale"]["unscaled"]["batch"]

@@ -34,6 +34,9 @@ def test_round_trip():
     assert control_document.parse(kept.to_json()).chat_cache_horizon_s == 60.0
     assert parsed.latency_model.coefficients() == MODEL.coefficients()
     assert parsed.expired(1060.0) and not parsed.expired(1059.9)
+    assert parsed.tail_scale and "tail_scale" not in parsed.to_json()
+    unscaled = decision_document(5, 40.0, MODEL, 60, now=1000.0, tail_scale=False)
+    assert control_document.parse(unscaled.to_json()).tail_scale is False
 
 
 @pytest.mark.parametrize(
@@ -50,6 +53,7 @@ def test_round_trip():
         ({"idle_step_target_ms": -5}, "idle_step_target_ms must be a finite number >= 0"),
         ({"idle_step_target_ms": None}, "idle_step_target_ms must be float"),
         ({"chat_cache_horizon_s": -1}, "chat_cache_horizon_s must be a finite number >= 0"),
+        ({"tail_scale": "no"}, "tail_scale must be bool"),
     ],
 )
 def test_bad_fields_are_named(over, named):

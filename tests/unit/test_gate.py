@@ -195,6 +195,7 @@ def test_control_documents_reach_the_replicas_folder_and_pause_when_it_goes_stal
     assert first.batch_step_target_ms == pytest.approx(25.0) and not first.pause
     assert first.latency_model.coefficients() == MODEL.coefficients()
     assert first.expires_at - time.time() >= 10.0
+    assert not first.tail_scale, "the controller corrects the model; the plug-in does not again"
     ray.get(gate.poll_now.remote())
     second = control_document.parse((tmp_path / "control.json").read_text())
     assert second.pause and second.seq > first.seq
@@ -214,9 +215,8 @@ def test_the_budget_policy_sends_its_fixed_target(gates, tmp_path):
                  budget=(2, 33.0), latency_model=MODEL, control_targets={"r0": target})  # fmt: skip
     caps = ray.get(gate.poll_now.remote())["r0"]
     assert caps["batch_seats"] == 2 and caps["batch_step_target_ms"] == 33.0
-    assert (
-        control_document.parse((tmp_path / "control.json").read_text()).batch_step_target_ms == 33.0
-    )
+    sent = control_document.parse((tmp_path / "control.json").read_text())
+    assert sent.batch_step_target_ms == 33.0 and sent.tail_scale, "a fixed target holds at its p99"
 
 
 def test_released_and_reported_timings_reach_the_controller(gates):

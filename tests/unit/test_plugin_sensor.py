@@ -33,6 +33,21 @@ def test_a_status_from_before_the_count_leaves_the_share_unknown():
     assert f["target_bound_share"] is None and f["steps"] == 1
 
 
+def test_the_model_is_corrected_only_by_the_steps_that_carried_a_batch_chunk():
+    """A step without batch is mostly fixed cost, which the fit prices less well, and its time
+    moves with chat's load: counted, it would move the target of the chunks it never carried."""
+    status = EngineStatus(None)
+    older = document(status)
+    status.step(StepRecord(chat_decode=4, predicted_s=0.01, model_s=0.01), 0.03)  # 3x the model
+    f = window_figures(document(status), older)
+    assert f["step_time_ratio"] is None, "no batch step: the window says nothing about the model"
+    for _ in range(3):
+        status.step(StepRecord(batch_prefill=64, chat_decode=4, predicted_s=0.04, model_s=0.02),
+                    0.018)  # fmt: skip
+    f = window_figures(document(status), older)
+    assert f["step_time_ratio"] == pytest.approx(0.9), "measured over the model before any scale"
+
+
 def test_engine_status_shows_how_many_steps_of_the_last_interval_ran_at_the_target():
     from flows.cli_engine import plugin_line
 
