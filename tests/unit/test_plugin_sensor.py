@@ -33,6 +33,18 @@ def test_a_status_from_before_the_count_leaves_the_share_unknown():
     assert f["target_bound_share"] is None and f["steps"] == 1
 
 
+@pytest.mark.parametrize("slowest_s", [0.076, 0.128, 0.41, 1.2])
+def test_a_windows_ttft_p99_reads_within_five_percent_of_its_slowest_chat(slowest_s):
+    """A window holds a few chats, so its p99 is read from the bucket of the slowest: a bucket
+    wider than the controller's margins would read a chat well inside the SLO as pressure."""
+    status = EngineStatus(None)
+    older = document(status)
+    for ttft in (0.02, 0.03, slowest_s):
+        status.chat_ttft.observe(ttft)
+    f = window_figures(document(status), older)
+    assert f["chat_ttft_p99_s"] == pytest.approx(slowest_s, rel=0.05)
+
+
 def test_the_model_is_corrected_only_by_the_steps_that_carried_a_batch_chunk():
     """A step without batch is mostly fixed cost, which the fit prices less well, and its time
     moves with chat's load: counted, it would move the target of the chunks it never carried."""
