@@ -19,8 +19,9 @@ need stock scheduling come first.
 A derived SLO's ITL is no tighter than two full engine steps (`bench.verdicts.itl_floor_ms`),
 priced as this host runs its steps: before the first steered scenario, a short steered run (the
 step probe, as long as the warm-up) has the plug-in measure its steps against the latency fit,
-and the floor is the fit's scaled by the median measured/modelled ratio of its batch steps. A fit taken on another
-host set a floor the host's steps were far from: loose on a faster one, out of reach on a slower.
+and the floor is the fit's scaled by the median measured/modelled ratio of its batch steps. A fit
+taken on another host set a floor the host's steps were far from: loose on a faster one, out of
+reach on a slower.
 
 Each scenario is a run of its own under `results/runs/`, with chat and batch records side by side,
 so the warehouse and the report can compare them. Chat ITL is judged from the engine's side,
@@ -226,9 +227,9 @@ def _itl_floor_ms(cfg: BenchConfig, step_ratio: float = 1.0) -> float:
 def _probe_step_ratio(
     cfg: BenchConfig, replicas, model, tokenizer, slo: SLO, fit_floor_ms: float
 ) -> float | None:
-    """The plug-in's median measured/modelled batch step time over `warmup_s` of chat and batch at a
-    fixed target of one full step by the fit (chunks as full as stock's where the host is as fast
-    as the fit says or faster); None where it priced no step."""
+    """The plug-in's median measured/modelled batch step time over `warmup_s` of chat and batch
+    at a fixed target of one full step by the fit (chunks as full as stock's where the host is as
+    fast as the fit says or faster); None where it priced no step."""
     probe = replace(cfg, duration_s=cfg.warmup_s)
     target = (PROBE_SEATS, fit_floor_ms / 2)
     run = _with_batch(probe, "step-probe", replicas, model, tokenizer, slo, "budget", budget=target)

@@ -134,8 +134,8 @@ def plugin_line(name: str, doc: dict) -> str:
     """One replica's engine plug-in, as `engine status` shows it: what it applies, and its last
     status interval (about a second): steps (and how many ran at the target: the target held a
     batch prefill back), their measured and predicted time and the scale the plug-in prices its
-    model with here (`scheduler/step_scale.py`; 1 under a controller, which corrects it), batch prefill tokens per step that carried batch,
-    and chat's own ITL p99 since the engine started."""
+    model with here (`scheduler/step_scale.py`; 1 under a controller, which corrects it), batch
+    prefill tokens per step that carried batch, and chat's own ITL p99 since the engine started."""
     from serving.metrics import histogram_quantile
     from serving.plugin_sensor import status_histogram
 

@@ -64,6 +64,11 @@ class BatchStepTarget:
             return self.target_s
         return max(self.target_s, self.idle_target_s)
 
+    def applied_scale(self, engine_scale: float) -> float:
+        """What the model's prediction is scaled by when chunks are sized: the engine's tail
+        scale under `tail_scale`, else 1 (the sender corrects the model itself)."""
+        return engine_scale if self.tail_scale else 1.0
+
 
 def is_batch(priority: int) -> bool:
     """Whether a request of this vLLM priority is batch work (chat sends 0, batch more)."""

@@ -175,8 +175,7 @@ class EngineScheduler:
             [*map(_in_engine, self.running),
              *(_in_engine(e[3] if self.by_priority else e) for e in waiting)]
         )  # fmt: skip
-        scale = self.scale.at(now) if target.tail_scale else 1.0
-        target_s = target.step_target_s(chat) / scale
+        target_s = target.step_target_s(chat) / target.applied_scale(self.scale.at(now))
         return StepBudget(
             target.model, target_s, room, fixed, self.block_size, target.min_chunk_tokens
         )

@@ -176,11 +176,11 @@ class _Plugin:
         chat = d.idle_target_s is None or step_budget.any_chat(
             map(_in_engine, [*sched.running, *sched.waiting])
         )
-        target = BatchStepTarget(d.target_s, d.model, idle_target_s=d.idle_target_s)
-        target_s = target.step_target_s(chat)
-        self.applied_scale = self.scale.at(self.step_started) if d.tail_scale else 1.0
-        self.budget = StepBudget(d.model, target_s / self.applied_scale, room, fixed,
-                                 sched.block_size, d.min_chunk_tokens)  # fmt: skip
+        target = BatchStepTarget(d.target_s, d.model, idle_target_s=d.idle_target_s,
+                                 tail_scale=d.tail_scale)  # fmt: skip
+        self.applied_scale = target.applied_scale(self.scale.at(self.step_started))
+        self.budget = StepBudget(d.model, target.step_target_s(chat) / self.applied_scale, room,
+                                 fixed, sched.block_size, d.min_chunk_tokens)  # fmt: skip
 
     def cap(self, request, num_computed_tokens: int, num_new_tokens: int) -> int:
         """The chunk vLLM may schedule for `request`: its own for chat and decodes, the grant
