@@ -28,6 +28,8 @@ from tests.replicas import REPO, for_this_cpu
 SMALL = for_this_cpu("cpu-small")
 BATCH_TOKENS = 16_384
 CHAT_STREAMS = 4
+DECODE_STEPS_PER_TARGET = 5
+"""The fixed batch step target, in chat-alone decode steps (20 ms at least)."""
 
 
 def target_of(replica) -> engine_control.ControlTarget:
@@ -124,12 +126,16 @@ def test_stock_starves_new_chats_and_the_plugin_holds_chat_at_its_target(replica
     after_alone = status_after_load(replica)
     gaps_alone = histogram_delta(chat_gaps(after_alone), chat_gaps(before))
     decode_step = histogram_quantile(gaps_alone, 0.5)
+    itl_alone = histogram_quantile(gaps_alone, 0.99)
     assert after_alone["state"] == "inert"
 
     stock = asyncio.run(chat_beside_batch(replica, 10, seed=2))
     assert status_after_load(replica)["state"] == "inert"
 
-    target_ms = 20.0
+    # A target a few of this host's decode steps long, as an operator would set it: batch has
+    # room beside chat's decodes on a host that runs its fit 2-3x slow (float32 without AVX-512),
+    # where a fixed 20 ms leaves the scaled model almost none.
+    target_ms = max(20.0, round(DECODE_STEPS_PER_TARGET * decode_step * 1000))
     set_budget(replica, target_ms)
     start = status_after_load(replica)
     budgeted = asyncio.run(chat_beside_batch(replica, 12, seed=3))
@@ -139,7 +145,8 @@ def test_stock_starves_new_chats_and_the_plugin_holds_chat_at_its_target(replica
     itl_p99 = histogram_quantile(gaps, 0.99)
     prefilled = end["totals"]["batch_prefill_tokens"] - start["totals"]["batch_prefill_tokens"]
     report = (
-        f"chat alone TTFT p99 {p99(alone):.3f} s, decode step {decode_step * 1000:.1f} ms; "
+        f"chat alone TTFT p99 {p99(alone):.3f} s, ITL p99 {itl_alone * 1000:.1f} ms, "
+        f"decode step {decode_step * 1000:.1f} ms; "
         f"stock TTFT p99 {p99(stock):.3f} s (max {max(stock):.3f}); plug-in at {target_ms} ms: "
         f"TTFT p99 {p99(budgeted):.3f} s, chat ITL p99 {itl_p99 * 1000:.1f} ms, "
         f"batch prefilled {prefilled} tokens"
@@ -148,9 +155,13 @@ def test_stock_starves_new_chats_and_the_plugin_holds_chat_at_its_target(replica
     assert p99(stock) > 4 * p99(alone), report
     # Chat's gaps sit near the target, within the error of the host's step fit (~20-35% here,
     # docs/results.md, calibration; 1.27x the target at worst on a loaded fresh-clone host), plus
-    # its own decode step; unsized 512-token chunks deep in the prompt run ~67 ms steps. How close
-    # to the target itself they sit is a speed figure, measured by bench.plugin_targets.
-    assert itl_p99 <= 1.75 * target_ms / 1000 + decode_step, report
+    # its own decode step; unsized 512-token chunks deep in the prompt run ~67 ms steps. Steps
+    # that prefill a chat prompt carry no batch and are chat's own: where they are longer than
+    # the target (256-token prompts in float32 on AVX2 take ~70 ms) chat alone's p99 is the
+    # bound, within a p99's spread between two phases. How close to the target itself chat's
+    # gaps sit is a speed figure, measured by bench.plugin_targets.
+    bound = max(1.75 * target_ms / 1000 + decode_step, 1.25 * itl_alone)
+    assert itl_p99 <= bound, report
     assert p99(budgeted) <= 2 * p99(alone), report
     assert prefilled > 2048, report
 
