@@ -13,7 +13,9 @@ one `decide(observation)` per replica every few seconds. Invariants (docs/design
    cut at once. Growth needs a whole slack window at the target, one in which the target bound
    (anti-windup), and stops short of a recent break.
 3. **Model correction.** The target sent is the real one over the smoothed measured/modelled
-   time of the plug-in's batch steps; between changes it only falls. It is the only correction:
+   time of the plug-in's batch steps; between changes it only falls. The first measurement is
+   taken whole and re-aims the cold start, unjudged: until then steps ran at the fit's word, not
+   at the step decided, and a host slower than its fit would otherwise break the first windows. It is the only correction:
    the plug-in sizes to the model as sent (`tail_scale` off).
 4. **Seats and KV.** The batch decodes one step can carry (those decoding now and the next
    prefill to end) fit `DECODE_SHARE` of the target, and chat keeps `chat_slot_share` of the
@@ -87,6 +89,7 @@ class _Replica:
     spread: PressureSpread
     grew_last: bool = True  # a violation then cuts at once (a cold start counts as a growth)
     ratio: float = 1.0  # the plug-in's measured/predicted step time, smoothed
+    ratio_measured: bool = False  # until a batch step is measured, 1.0 is the fit's word only
     last_fresh_t: float = -math.inf
     pressed_t: float | None = None  # the last window since the change at or above the mark
     broke: tuple[float, float, float] | None = None  # (t, real step, pressure) of the last cut
@@ -132,8 +135,10 @@ class BudgetController:
             spread = state.spread if state else PressureSpread.from_slack(mark)
             spread.target_changed()
             state = self.states[obs.replica] = _Replica(target, target, obs.t, spread)
-        self._correct_model(state, obs)
-        reason = "cold-start" if cold else self._feedback(state, obs)
+        first_measure = self._correct_model(state, obs)
+        if first_measure and not cold:  # the steps so far ran at the fit's word: re-aim, unjudged
+            state.changed(obs.t, grew=False)
+        reason = "cold-start" if cold or first_measure else self._feedback(state, obs)
         state.last_fresh_t = obs.t
         sent = state.target_s / state.ratio  # between changes the target sent only falls
         state.sent_s = sent if reason in ("cold-start", "cut", "grow") else min(state.sent_s, sent)
@@ -231,11 +236,16 @@ class BudgetController:
             return None
         return 1000 * state.sent_s * max(1.0, IDLE_TTFT_SHARE * ttft / self.slo.chat_itl_p99_ms)
 
-    def _correct_model(self, state: _Replica, obs: Observation) -> None:
+    def _correct_model(self, state: _Replica, obs: Observation) -> bool:
+        """Fold in the plug-in's measured/modelled batch step time; True for the first one."""
         r = obs.step_time_ratio
-        if r is not None and math.isfinite(r) and r > 0:
-            r = min(max(r, RATIO_BOUNDS[0]), RATIO_BOUNDS[1])
-            state.ratio += RATIO_SMOOTHING * (r - state.ratio)
+        if r is None or not math.isfinite(r) or r <= 0:
+            return False
+        r = min(max(r, RATIO_BOUNDS[0]), RATIO_BOUNDS[1])
+        first = not state.ratio_measured
+        state.ratio += (1.0 if first else RATIO_SMOOTHING) * (r - state.ratio)
+        state.ratio_measured = True
+        return first
 
     # -- seats and KV -------------------------------------------------------------------------
 

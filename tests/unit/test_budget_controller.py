@@ -133,19 +133,19 @@ def test_a_lucky_window_among_pressed_ones_is_no_room_to_grow():
 
 
 def test_growth_is_divided_by_the_tail_of_chat_gaps_over_the_step():
-    """The engine runs at half the model's price. Between changes the target sent does not rise
-    as the ratio settles; at the growth, ITL p99 20 ms on steps of `ran` ms is a tail of 20/ran,
-    so the headroom (0.8 - 0.4) x 50 ms buys that much less step, and ITL lands at the slack mark
-    rather than the tail past it."""
+    """The engine runs at half the model's price. Between changes the target sent does not rise;
+    at the growth, ITL p99 30 ms on steps of `ran` ms (25) is a tail of 30/ran, so the headroom
+    (0.8 - 0.6) x 50 ms buys that much less step, and ITL lands at the slack mark rather than the
+    tail past it."""
     c = controller()
     cold = c.decide(obs(0, step_time_ratio=0.5)).batch_step_target_ms
     for t in range(3, int(WINDOW), 3):
-        held = c.decide(obs(t, itl_ms=20, ttft_ms=100, step_time_ratio=0.5))
+        held = c.decide(obs(t, itl_ms=30, ttft_ms=100, step_time_ratio=0.5))
         assert held.reason == "hold" and held.batch_step_target_ms == pytest.approx(cold)
     ran_ms = held.predicted_step_ms
-    d = c.decide(obs(WINDOW, itl_ms=20, ttft_ms=100, step_time_ratio=0.5))
+    d = c.decide(obs(WINDOW, itl_ms=30, ttft_ms=100, step_time_ratio=0.5))
     assert d.reason == "grow"
-    assert d.predicted_step_ms == pytest.approx(ran_ms + 0.4 * 50 / (20 / ran_ms), rel=0.02)
+    assert d.predicted_step_ms == pytest.approx(ran_ms + 0.2 * 50 / (30 / ran_ms), rel=0.02)
     assert d.batch_step_target_ms == pytest.approx(d.predicted_step_ms / 0.5, rel=0.05)
 
 
@@ -223,6 +223,23 @@ def test_a_model_that_is_twice_too_optimistic_gets_half_the_target_sent():
     for t in range(3, 120, 3):
         d = c.decide(obs(t, itl_ms=45, ttft_ms=800, step_time_ratio=2.0))
     assert d.predicted_step_ms / d.batch_step_target_ms == pytest.approx(2.0, rel=0.01)
+
+
+def test_the_first_measured_ratio_re_aims_the_cold_start_and_its_window_judges_nothing():
+    """A host that runs the fit's steps twice as long: its first window broke the SLO (pressure
+    1.4) at twice the step decided. The decision after the first batch steps sends half the
+    cold-start target, not a smoothed step toward it and not a cut from the step that ran, and
+    windows that began before it are not judged: they measured the fit's error, not the target."""
+    c = controller()
+    cold = c.decide(obs(0))
+    d = c.decide(obs(1, itl_ms=70, ttft_ms=100, step_time_ratio=2.0))
+    assert d.reason == "cold-start"
+    assert d.batch_step_target_ms == pytest.approx(cold.batch_step_target_ms / 2)
+    assert c.decide(obs(3, itl_ms=70, ttft_ms=100, step_time_ratio=2.0)).reason == "hold"
+    later = c.decide(obs(2, itl_ms=20, ttft_ms=100, step_time_ratio=1.0))
+    assert later.predicted_step_ms / later.batch_step_target_ms == pytest.approx(
+        2.0 + 0.3 * (1.0 - 2.0)
+    ), "later measurements are smoothed"
 
 
 def test_seats_leave_chat_its_slots_and_batch_decodes_half_the_target():
