@@ -18,8 +18,10 @@ import time
 import httpx
 
 from bench.paused_idle import cpu_share
+from bench.verdicts import MeasuredModel, engine_itl_floor_ms
 from serving import engine_control
 from serving.client import StreamingClient
+from serving.engine_config import load_engine_config
 from serving.metrics import Histogram, histogram_delta, histogram_quantile
 from serving.plugin_sensor import status_histogram
 from serving.replica_targets import latency_model_for
@@ -28,7 +30,7 @@ from tests.replicas import REPO, for_this_cpu
 SMALL = for_this_cpu("cpu-small")
 BATCH_TOKENS = 16_384
 CHAT_STREAMS = 4
-DECODE_STEPS_PER_TARGET = 5
+DECODE_STEPS_PER_TARGET = 6
 """The fixed batch step target, in chat-alone decode steps (20 ms at least)."""
 
 
@@ -115,6 +117,23 @@ async def chat_beside_batch(replica, seconds: float, seed: int) -> list[float]:
         await asyncio.gather(batch, return_exceptions=True)
 
 
+def host_speed(start: dict, end: dict) -> float:
+    """Measured over modelled time of the steps the plug-in priced between two status documents
+    (1 where it priced none): how much slower than its fit this host runs the replica."""
+    measured, model = (
+        end["totals"][k] - start["totals"][k] for k in ("measured_when_predicted_s", "model_s")
+    )
+    return measured / model if model > 0 else 1.0
+
+
+def full_step_s(speed: float) -> float:
+    """One engine step that prefills a full step budget beside a decoding chat, at `speed` times
+    the fit: the step that prefills chat's own prompts when several arrive together, which no
+    batch setting shortens (`bench.verdicts.itl_floor_ms` prices two of them)."""
+    model = MeasuredModel(latency_model_for(SMALL), speed)
+    return engine_itl_floor_ms(model, load_engine_config(SMALL).vllm) / 2 / 1000
+
+
 def p99(values: list[float]) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))]
@@ -126,7 +145,6 @@ def test_stock_starves_new_chats_and_the_plugin_holds_chat_at_its_target(replica
     after_alone = status_after_load(replica)
     gaps_alone = histogram_delta(chat_gaps(after_alone), chat_gaps(before))
     decode_step = histogram_quantile(gaps_alone, 0.5)
-    itl_alone = histogram_quantile(gaps_alone, 0.99)
     assert after_alone["state"] == "inert"
 
     stock = asyncio.run(chat_beside_batch(replica, 10, seed=2))
@@ -144,23 +162,25 @@ def test_stock_starves_new_chats_and_the_plugin_holds_chat_at_its_target(replica
     gaps = histogram_delta(chat_gaps(end), chat_gaps(start))
     itl_p99 = histogram_quantile(gaps, 0.99)
     prefilled = end["totals"]["batch_prefill_tokens"] - start["totals"]["batch_prefill_tokens"]
+    speed = host_speed(start, end)
+    chat_step = full_step_s(speed)
     report = (
-        f"chat alone TTFT p99 {p99(alone):.3f} s, ITL p99 {itl_alone * 1000:.1f} ms, "
-        f"decode step {decode_step * 1000:.1f} ms; "
+        f"chat alone TTFT p99 {p99(alone):.3f} s, decode step {decode_step * 1000:.1f} ms; "
         f"stock TTFT p99 {p99(stock):.3f} s (max {max(stock):.3f}); plug-in at {target_ms} ms: "
         f"TTFT p99 {p99(budgeted):.3f} s, chat ITL p99 {itl_p99 * 1000:.1f} ms, "
-        f"batch prefilled {prefilled} tokens"
+        f"batch prefilled {prefilled} tokens; steps at {speed:.2f}x the fit, a full step "
+        f"{chat_step * 1000:.1f} ms"
     )
     print(report)
     assert p99(stock) > 4 * p99(alone), report
     # Chat's gaps sit near the target, within the error of the host's step fit (~20-35% here,
     # docs/results.md, calibration; 1.27x the target at worst on a loaded fresh-clone host), plus
     # its own decode step; unsized 512-token chunks deep in the prompt run ~67 ms steps. Steps
-    # that prefill a chat prompt carry no batch and are chat's own: where they are longer than
-    # the target (256-token prompts in float32 on AVX2 take ~70 ms) chat alone's p99 is the
-    # bound, within a p99's spread between two phases. How close to the target itself chat's
-    # gaps sit is a speed figure, measured by bench.plugin_targets.
-    bound = max(1.75 * target_ms / 1000 + decode_step, 1.25 * itl_alone)
+    # that prefill chat's prompts carry no batch and are chat's own: where one is longer than
+    # the target (float32 without AVX-512 runs them at ~70-90 ms) it bounds chat's gaps, within
+    # the tail of one step's time (p99 1.25-1.5x its mean, docs/results.md, fidelity). How close
+    # to the target itself chat's gaps sit is a speed figure, measured by bench.plugin_targets.
+    bound = max(1.75 * target_ms / 1000 + decode_step, 1.5 * chat_step)
     assert itl_p99 <= bound, report
     assert p99(budgeted) <= 2 * p99(alone), report
     assert prefilled > 2048, report
@@ -226,6 +246,7 @@ def test_a_killed_controller_leaves_chat_served_and_batch_paused_after_expiry(re
 CONTROLLER = """
 import sys, time
 from bench.paused_idle import cpu_share
+from bench.verdicts import MeasuredModel, engine_itl_floor_ms
 from serving import engine_control
 from serving.replica_targets import latency_model_for
 folder, config, ttl = sys.argv[1], sys.argv[2], float(sys.argv[3])
