@@ -15,8 +15,8 @@ one `decide(observation)` per replica every few seconds. Invariants (docs/design
 3. **Model correction.** The target sent is the real one over the smoothed measured/modelled
    time of the plug-in's batch steps; between changes it only falls. The first measurement is
    taken whole and re-aims the cold start, unjudged: until then steps ran at the fit's word, not
-   at the step decided, and a host slower than its fit would otherwise break the first windows. It is the only correction:
-   the plug-in sizes to the model as sent (`tail_scale` off).
+   at the step decided. It is the only correction: the plug-in sizes to the model as sent
+   (`tail_scale` off).
 4. **Seats and KV.** The batch decodes one step can carry (those decoding now and the next
    prefill to end) fit `DECODE_SHARE` of the target, and chat keeps `chat_slot_share` of the
    engine's sequence slots. A whole document is admitted only while it fits under
