@@ -246,7 +246,6 @@ def test_a_killed_controller_leaves_chat_served_and_batch_paused_after_expiry(re
 CONTROLLER = """
 import sys, time
 from bench.paused_idle import cpu_share
-from bench.verdicts import MeasuredModel, engine_itl_floor_ms
 from serving import engine_control
 from serving.replica_targets import latency_model_for
 folder, config, ttl = sys.argv[1], sys.argv[2], float(sys.argv[3])
