@@ -54,6 +54,9 @@ class Observation:
     chat_e2e_p99_s: float | None = None
     step_time_ratio: float | None = None
     """Measured over predicted engine-step time in the window (the engine plug-in's status)."""
+    engine_step_time_ratio: float | None = None
+    """The same ratio over every batch step the engine has timed since it started: the replica's
+    own record of how far the model is off on its host, runs before this one included."""
     target_bound_share: float | None = None
     """Share of the window's engine steps in which the batch step target held a batch prefill
     back, so ran at the target (None: the sensor cannot tell)."""

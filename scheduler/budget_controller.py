@@ -13,10 +13,10 @@ one `decide(observation)` per replica every few seconds. Invariants (docs/design
    cut at once. Growth needs a whole slack window at the target, one in which the target bound
    (anti-windup), and stops short of a recent break.
 3. **Model correction.** The target sent is the real one over the smoothed measured/modelled
-   time of the plug-in's batch steps; between changes it only falls. The first measurement is
-   taken whole and re-aims the cold start, unjudged: until then steps ran at the fit's word, not
-   at the step decided. It is the only correction: the plug-in sizes to the model as sent
-   (`tail_scale` off).
+   time of the plug-in's batch steps; between changes it only falls. The first measurement (the
+   engine's record since it started, where it has one) is taken whole and re-aims the cold
+   start, unjudged: until then steps ran at the fit's word, not at the step decided. It is the
+   only correction: the plug-in sizes to the model as sent (`tail_scale` off).
 4. **Seats and KV.** The batch decodes one step can carry (those decoding now and the next
    prefill to end) fit `DECODE_SHARE` of the target, and chat keeps `chat_slot_share` of the
    engine's sequence slots. A whole document is admitted only while it fits under
@@ -134,7 +134,10 @@ class BudgetController:
             mark = self.slack_marks.get(obs.replica, self.config.slack_fraction)
             spread = state.spread if state else PressureSpread.from_slack(mark)
             spread.target_changed()
-            state = self.states[obs.replica] = _Replica(target, target, obs.t, spread)
+            known = state is not None and state.ratio_measured  # the host's, as the spread is
+            state = self.states[obs.replica] = _Replica(
+                target, target, obs.t, spread, ratio=state.ratio if known else 1.0,
+                ratio_measured=known)  # fmt: skip
         first_measure = self._correct_model(state, obs)
         if first_measure and not cold:  # the steps so far ran at the fit's word: re-aim, unjudged
             state.changed(obs.t, grew=False)
@@ -237,8 +240,11 @@ class BudgetController:
         return 1000 * state.sent_s * max(1.0, IDLE_TTFT_SHARE * ttft / self.slo.chat_itl_p99_ms)
 
     def _correct_model(self, state: _Replica, obs: Observation) -> bool:
-        """Fold in the plug-in's measured/modelled batch step time; True for the first one."""
+        """Fold in the plug-in's measured/modelled batch step time; True for the first one, which
+        is the engine's whole record where it has one (earlier runs' steps: more than a window's)."""
         r = obs.step_time_ratio
+        if not state.ratio_measured and obs.engine_step_time_ratio is not None:
+            r = obs.engine_step_time_ratio
         if r is None or not math.isfinite(r) or r <= 0:
             return False
         r = min(max(r, RATIO_BOUNDS[0]), RATIO_BOUNDS[1])

@@ -9,7 +9,8 @@ that carried a batch chunk, which the controller corrects its model with, and ke
 
 Status documents are cumulative; a window is the difference between the newest and the newest at
 least `window_s` older (or the oldest kept). A replica whose plug-in has written nothing (no
-plug-in, or no step yet) is left out, so a merged sensor falls back to other latency sources.
+plug-in, or no step yet) is left out, so a merged sensor falls back to other latency sources; one
+read once has no window yet and reports only what its engine has measured since it started.
 """
 
 from __future__ import annotations
@@ -59,6 +60,14 @@ def window_figures(newer: dict, older: dict) -> dict:
     }
 
 
+def engine_step_ratio(doc: dict) -> float | None:
+    """Measured over modelled time of every batch step the engine has timed since it started (None
+    before the first): what the model is off by on this host, known before this run's first step."""
+    totals = doc["totals"]
+    modelled = totals.get("batch_model_s", 0.0)
+    return totals.get("batch_measured_s", 0.0) / modelled if modelled > 0 else None
+
+
 class PluginStatusSensor:
     """Reads every replica's status document (folder or route) each time it is asked."""
 
@@ -99,10 +108,12 @@ class PluginStatusSensor:
             if history:
                 self._row(name, doc, history[-1])
             history.append(doc)
-        start = self._start(history)
-        if start is None:
-            return None
-        f = window_figures(history[-1], start)
+        newest, start = history[-1], self._start(history)
+        lifetime = {"engine_step_time_ratio": engine_step_ratio(newest),
+                    "chat_cache_tokens": newest.get("chat_cache_tokens")}  # fmt: skip
+        if start is None:  # one document: no window yet, but the engine's record already stands
+            return Observation(t=t, replica=name, **lifetime)
+        f = window_figures(newest, start)
         return Observation(
             t=t,
             replica=name,
@@ -111,7 +122,7 @@ class PluginStatusSensor:
             step_time_ratio=f["step_time_ratio"],
             target_bound_share=f["target_bound_share"],
             window_s=t - start["written_at"],
-            chat_cache_tokens=history[-1].get("chat_cache_tokens"),
+            **lifetime,
         )
 
     def _start(self, history: deque[dict]) -> dict | None:

@@ -426,6 +426,7 @@ def _merge(obs: Observation, timed: Observation | None, itl_from_state: bool) ->
         chat_ttft_p99_s=_first(timed.chat_ttft_p99_s, obs.chat_ttft_p99_s),
         chat_e2e_p99_s=_first(timed.chat_e2e_p99_s, obs.chat_e2e_p99_s),
         step_time_ratio=_first(timed.step_time_ratio, obs.step_time_ratio),
+        engine_step_time_ratio=_first(timed.engine_step_time_ratio, obs.engine_step_time_ratio),
         target_bound_share=_first(timed.target_bound_share, obs.target_bound_share),
         chat_cache_tokens=_first(timed.chat_cache_tokens, obs.chat_cache_tokens),
         step_samples_s=steps,

@@ -242,6 +242,26 @@ def test_the_first_measured_ratio_re_aims_the_cold_start_and_its_window_judges_n
     ), "later measurements are smoothed"
 
 
+def test_the_engines_record_starts_the_run_at_its_ratio_and_a_stale_spell_keeps_it():
+    """An engine that has timed batch steps before (last night's run, an earlier scenario) says
+    at the first decision how far the fit is off here: the cold start is sent at it, so the
+    first interval runs at the step decided; a window's ratio is then smoothed in. A stale spell
+    restarts the target, not what was learnt about the host."""
+    c = controller()
+    fit = controller().decide(obs(0)).batch_step_target_ms
+    d = c.decide(obs(0, engine_step_time_ratio=2.5))
+    assert d.reason == "cold-start"
+    assert d.batch_step_target_ms == pytest.approx(fit / 2.5)
+    d = c.decide(obs(3, engine_step_time_ratio=2.4, step_time_ratio=2.0))
+    assert d.reason != "cold-start"
+    ratio = 2.5 + 0.3 * (2.0 - 2.5)
+    assert d.predicted_step_ms / d.batch_step_target_ms == pytest.approx(ratio)
+    assert c.decide(obs(30, fresh=False)).pause
+    again = c.decide(obs(60))
+    assert again.reason == "cold-start"
+    assert again.batch_step_target_ms == pytest.approx(fit / ratio)
+
+
 def test_seats_leave_chat_its_slots_and_batch_decodes_half_the_target():
     c = controller(max_seats=1000)
     c.decide(obs(0))

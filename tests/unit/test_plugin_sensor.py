@@ -60,6 +60,28 @@ def test_the_model_is_corrected_only_by_the_steps_that_carried_a_batch_chunk():
     assert f["step_time_ratio"] == pytest.approx(0.9), "measured over the model before any scale"
 
 
+def test_the_first_document_read_reports_the_engines_record_of_its_batch_steps(tmp_path):
+    """A run's first read has no window yet, but an engine that timed batch steps before (an
+    earlier run on the same replica) already knows how far the model is off on its host."""
+    import asyncio
+    import json
+
+    from serving.engine_control import ControlTarget
+    from serving.engine_site.control_files import STATUS_FILE
+    from serving.plugin_sensor import PluginStatusSensor
+
+    status = EngineStatus(None, wall=lambda: 100.0)
+    status.step(StepRecord(chat_decode=4, predicted_s=0.01, model_s=0.01), 0.05)  # not batch
+    for measured in (0.05, 0.07):
+        status.step(StepRecord(batch_prefill=64, predicted_s=0.02, model_s=0.02), measured)
+    (tmp_path / STATUS_FILE).write_text(json.dumps(document(status)))
+    sensor = PluginStatusSensor({"r0": ControlTarget("r0", folder=tmp_path)})
+    first = asyncio.run(sensor.observe())["r0"]
+    assert first.engine_step_time_ratio == pytest.approx(3.0)
+    assert first.step_time_ratio is None and first.chat_itl_p99_s is None and first.window_s is None
+    assert sensor.step_rows == [], "one document is no window"
+
+
 def test_engine_status_shows_how_many_steps_of_the_last_interval_ran_at_the_target():
     from flows.cli_engine import plugin_line
 
