@@ -23,7 +23,8 @@ and the floor is the fit's scaled by the median measured/modelled ratio of its b
 taken on another host set a floor the host's steps were far from: loose on a faster one, out of
 reach on a slower.
 
-Each scenario is a run of its own under `results/runs/`, with chat and batch records side by side,
+Each scenario's batch requests carry its own prefix-cache salt (`salted`): the documents are the
+same in every scenario, and none may find another's prefill cached. Each scenario is a run of its own under `results/runs/`, with chat and batch records side by side,
 so the warehouse and the report can compare them. Chat ITL is judged from the engine's side,
 scraped every second through the scenario (serving/engine_itl.py says why): the plug-in's chat-only
 gaps where the replica runs it, in every scenario (with no control document it only observes),
@@ -192,6 +193,13 @@ def in_sections(pipeline: PipelineConfig, section_tokens: int) -> PipelineConfig
     )
 
 
+def salted(pipeline: PipelineConfig, run_id: str) -> PipelineConfig:
+    """`pipeline` with batch prompts cached apart under `run_id`: every scenario sends the same
+    documents to the same engine, and one that found an earlier scenario's prefill in the prefix
+    cache would make tokens it never computed (as a night's new documents never would)."""
+    return PipelineConfig.model_validate({**pipeline.model_dump(), "batch_cache_salt": run_id})
+
+
 def derive_slo(
     chat_only: ScenarioRun, factor: float, window_s: float, itl_floor_ms: float = 0.0
 ) -> SLO:
@@ -343,7 +351,7 @@ def _with_batch(
                 run_id=run_id,
                 results=cfg.results,
                 engine_state_dir=str(Path(cfg.results) / "engines"),
-                pipeline=pipeline or cfg.pipeline,
+                pipeline=salted(pipeline or cfg.pipeline, run_id),
                 slo=slo,
                 policy=policy,
                 latency_model=cfg.latency_model,

@@ -56,6 +56,16 @@ class PipelineConfig(BaseModel):
         "API server and the worker a message on the host chat shares; 1 streams every token "
         "and records batch ITL.",
     )
+    batch_cache_salt: str | None = Field(
+        None,
+        min_length=1,
+        max_length=128,
+        pattern=r"^[^@/\\\x00]+$",
+        description="Prefix-cache salt of every batch request (vLLM's `cache_salt`): batch prompts "
+        "reuse cached KV only from requests with the same salt. None shares the cache as usual. "
+        "The benchmark gives each scenario its own, so that no scenario prefills less because an "
+        "earlier one sent the same documents to the same engine.",
+    )
     attempts_per_request: int = Field(
         3, ge=1, description="Replicas a request may try when one dies under it."
     )

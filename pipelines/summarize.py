@@ -26,6 +26,11 @@ from serving.client import Completion, StreamingClient
 from serving.tokenizer import Tokenizer
 
 
+def cache_salt(salt: str | None) -> dict | None:
+    """The request fields that keep a batch prompt's prefix cache to requests salted alike."""
+    return {"cache_salt": salt} if salt else None
+
+
 class GateClient(Protocol):
     """What a document needs from the Gate (an adapter over the Ray actor, or a local stand-in)."""
 
@@ -261,6 +266,7 @@ class DocumentJob:
                 ignore_eos=self.config.ignore_eos,
                 on_first_token=prefilled,
                 stream_interval=self.config.batch_stream_interval,
+                extra=cache_salt(self.config.batch_cache_salt),
             )
         )
         aborted = asyncio.ensure_future(self.abort.wait())

@@ -83,3 +83,21 @@ def test_a_cpu_replica_runs_its_model_inside_the_engine_core(tiny_replica) -> No
         sources = {line.split(" pid=")[0].lstrip("(") for line in log if " pid=" in line[:40]}
     assert "EngineCore" in sources and "APIServer" in sources
     assert not {s for s in sources if "Worker" in s}, sources
+
+
+async def test_a_batch_prompt_reuses_the_prefix_cache_only_under_its_own_salt(tiny_replica) -> None:
+    """The benchmark sends the same documents in every scenario (`bench.scenarios.salted`): under
+    another salt the engine prefills them again, under the same one it reads its cache."""
+    from pipelines.summarize import cache_salt
+
+    prompt = [(7 * i) % 500 + 10 for i in range(200)]
+    async with StreamingClient(tiny_replica.base_url, tiny_replica.served_model) as client:
+
+        async def cached(salt: str) -> int:
+            done = await client.complete(prompt, max_tokens=1, extra=cache_salt(salt))
+            assert done.ok, done.record.error
+            return done.record.cached_tokens
+
+        assert await cached("scenario-a") == 0
+        assert await cached("scenario-a") >= 160, "same salt: the prompt's full blocks are cached"
+        assert await cached("scenario-b") == 0, "another salt: prefilled again"
