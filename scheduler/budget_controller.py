@@ -1,29 +1,26 @@
 """The SLO controller: feedback on the one number the engine enforces, the batch step target.
 
 The engine plug-in sizes every batch chunk, every step, to the batch step target beside that
-step's real chat load (`scheduler/step_budget.py`); this controller closes the loop around it,
-one `decide(observation)` per replica every few seconds. Invariants (docs/design.md §7 says why):
+step's chat load (`scheduler/step_budget.py`); this controller closes the loop around it, one
+`decide(observation)` per replica every few seconds. Invariants (docs/design.md §7 says why):
 
 1. **Fail safe.** No fresh observation for `stale_after_s`: batch pauses; it never steers blind.
-2. **Feedback on chat's pressure** (the worst of window ITL, TTFT and E2E p99 over their SLOs):
+2. **Feedback on chat's pressure**, the worst of window ITL, TTFT and E2E p99 over their SLOs:
    above 1 the step is cut by `cut_factor`, below the slack mark it grows to it, in between it
    holds. The mark is where one window in a hundred breaks the SLO, by the spread this replica's
-   windows showed in this run and earlier ones (`scheduler/pressure_spread.py`). One change per
-   window: only windows that began after a change judge it, but a break right after a growth is
-   cut at once. Growth needs a whole slack window at the target, one in which the target bound
-   (anti-windup), and stops short of a recent break.
+   windows showed (`scheduler/pressure_spread.py`). One change per window: only windows that
+   began after a change judge it, but a break right after a growth is cut at once. Growth needs
+   a whole slack window in which the target bound, and stops short of a recent break.
 3. **Model correction.** The target sent is the real one over the smoothed measured/modelled
    time of the plug-in's batch steps; between changes it only falls. The first measurement (the
    engine's record since it started, where it has one) is taken whole and re-aims the cold
-   start, unjudged: until then steps ran at the fit's word, not at the step decided. It is the
-   only correction: the plug-in sizes to the model as sent (`tail_scale` off).
-4. **Seats and KV.** The batch decodes one step can carry (those decoding now and the next
-   prefill to end) fit `DECODE_SHARE` of the target, and chat keeps `chat_slot_share` of the
-   engine's sequence slots. A whole document is admitted only while it fits under
-   `kv_high_water` beside everything committed, chat's cached histories
-   (`scheduler/chat_cache.py`) included: never preempted, never evicting what chat comes back to.
-5. **Idle steps.** With no chat in the engine the plug-in sizes to the idle target, moved by the
-   same feedback.
+   start, unjudged. It is the only correction: the plug-in sizes to the model as sent.
+4. **Seats and KV.** The batch decodes a step can carry fit `DECODE_SHARE` of the target, chat
+   keeps `chat_slot_share` of the engine's slots, and a whole document is admitted only while
+   it fits under `kv_high_water` beside everything committed, chat's cached histories included
+   (`scheduler/chat_cache.py`): never preempted, never evicting what chat comes back to.
+5. **Idle steps.** With no chat in the engine the plug-in sizes to the idle target, which the
+   same feedback moves.
 
 State is per replica (one object serves a fleet); no clock is read: time is `Observation.t`.
 """
@@ -47,13 +44,11 @@ COLD_START_SHARE = 0.5
 DECODE_SHARE = 0.5
 """Share of the step target batch decodes may fill: the rest stays for batch prefill chunks."""
 IDLE_TTFT_SHARE = 0.25
-"""Share of the TTFT SLO a step may take while no chat is in the engine (at the full target): a
-chat that arrives during it waits at most that long before its whole prompt is scheduled."""
+"""TTFT SLO share a step may take with no chat in the engine: a chat arriving then waits that."""
 ITL_QUANTILE = 0.99
 """The quantile of chat's token gaps the ITL SLO is stated at."""
 BREAK_MEMORY_WINDOWS = 4
-"""Windows after a cut during which the step that broke the SLO bounds growth: chat's load holds
-for minutes but not for a night, so once it lapses growth probes past it."""
+"""Windows after a cut in which the step that broke bounds growth (chat's load holds minutes)."""
 RATIO_SMOOTHING = 0.3
 """Weight of a new measured/predicted step ratio in the running estimate."""
 RATIO_BOUNDS = (0.25, 4.0)
@@ -116,8 +111,7 @@ class BudgetController:
         self.slo, self.model, self.engine_slots = slo, model, engine_slots
         self.config = config or BudgetControllerConfig()
         self.states: dict[str, _Replica] = {}
-        # A replica's spread outlives a run: each starts at the mark its last run left, if any.
-        self.slack_marks = dict(slack_marks or {})
+        self.slack_marks = dict(slack_marks or {})  # where each replica's last run left its mark
         if not all(0 < m < 1 for m in self.slack_marks.values()):
             raise ValueError(f"slack marks must be in (0, 1), got {self.slack_marks}")
 
@@ -129,15 +123,13 @@ class BudgetController:
                             batch_step_target_ms=0.0,
                             chat_cache_horizon_s=self.config.chat_cache_horizon_s)  # fmt: skip
         cold = state is None or obs.t - state.last_fresh_t > self.config.stale_after_s
-        if cold:  # the spread is the replica's and outlives a stale spell; the target does not
+        if cold:  # the target restarts; the spread and step ratio are the replica's, and stay
             target = COLD_START_SHARE * self.slo.chat_itl_p99_ms / 1000
             mark = self.slack_marks.get(obs.replica, self.config.slack_fraction)
             spread = state.spread if state else PressureSpread.from_slack(mark)
             spread.target_changed()
-            known = state is not None and state.ratio_measured  # the host's, as the spread is
-            state = self.states[obs.replica] = _Replica(
-                target, target, obs.t, spread, ratio=state.ratio if known else 1.0,
-                ratio_measured=known)  # fmt: skip
+            kept = {"ratio": state.ratio, "ratio_measured": state.ratio_measured} if state else {}
+            state = self.states[obs.replica] = _Replica(target, target, obs.t, spread, **kept)
         first_measure = self._correct_model(state, obs)
         if first_measure and not cold:  # the steps so far ran at the fit's word: re-aim, unjudged
             state.changed(obs.t, grew=False)
@@ -194,8 +186,7 @@ class BudgetController:
             return "hold"  # a pressed window at this target, and not yet a whole slack one since
         if not binding:
             return "hold"  # the target did not bind: the window measured chat without it
-        # Chat gaps shorter than the step that ran (batch did not fill it) show headroom the
-        # target already allows: growth counts at least the target's own share of the ITL SLO.
+        # Gaps shorter than the step that ran show headroom the target already allows.
         pressure = max(pressure, 1000 * ran_s / self.slo.chat_itl_p99_ms)
         itl = obs.chat_itl_p99_s
         tail = max(1.0, itl / ran_s) if itl and ran_s > 0 else 1.0  # chat's gaps over the step
@@ -209,19 +200,18 @@ class BudgetController:
         return "hold"
 
     def _grown(self, ran_s: float, pressure: float, slack: float, tail: float) -> float:
-        """The real step target after a slack window that ran at `ran_s`: raised by the headroom
-        below the slack mark over the window's tail (its ITL p99 over its step, at least 1), never
-        past the ITL SLO. Invariant: one growth brings chat's ITL p99 to the slack mark, not past
-        it, since a chat gap is one step (docs/design.md §7.2)."""
+        """The real step target after a slack window at `ran_s`: up by the headroom below the
+        slack mark over the window's tail (ITL p99 over step, >= 1), never past the ITL SLO, so
+        one growth brings chat's ITL p99 to the mark, not past it (docs/design.md §7.2)."""
         ceiling = self.slo.chat_itl_p99_ms / 1000
         return min(ceiling, ran_s + (slack - pressure) * ceiling / tail)
 
     def _toward_break(
         self, state: _Replica, obs: Observation, ran_s: float, pressure: float, slack: float
     ) -> float:
-        """The step where the line through (`ran_s`, `pressure`) and the remembered break reaches
-        the slack mark (infinity without a break above this window on both axes, or a lapsed one).
-        Pressure is convex in the step, so growth settles on the slack mark from below (§7.3)."""
+        """Where the line through (`ran_s`, `pressure`) and the last break, if recent and above
+        on both axes, meets the slack mark: pressure is convex in the step, so growth settles on
+        the mark from below (§7.3); infinity otherwise."""
         if state.broke is None:
             return math.inf
         t, broke_s, broke_p = state.broke
@@ -232,8 +222,8 @@ class BudgetController:
         return ran_s + (slack - pressure) / slope
 
     def _idle_target_ms(self, state: _Replica) -> float | None:
-        """The step target with no chat in the engine: `IDLE_TTFT_SHARE` of the TTFT SLO at the
-        full target (the ITL SLO), in proportion below, so feedback moves both (None: no TTFT SLO)."""
+        """The target with no chat in the engine: `IDLE_TTFT_SHARE` of the TTFT SLO at a target
+        of the ITL SLO, in proportion below, so feedback moves both (None: no TTFT SLO)."""
         ttft = self.slo.chat_ttft_p99_ms
         if ttft is None:
             return None
@@ -257,10 +247,9 @@ class BudgetController:
 
     def _seats(self, state: _Replica, obs: Observation) -> int:
         """One seat more than in flight while the decodes that can share a step fit
-        `DECODE_SHARE` of the target: chat's, batch's decoding now and the next batch prefill to
-        end (the plug-in grants prefill chunks in the engine's order, so prefills end one after
-        another). Seats still in prefill are not priced as decodes: a whole document's prefill
-        outlasts a summary's decode, and a seat is added only while decodes leave the room."""
+        `DECODE_SHARE` of the target: chat's, batch's decoding now and the next prefill to end
+        (the plug-in grants prefill chunks in the engine's order, so prefills end one after
+        another; a whole document's prefill outlasts its summary's decode)."""
         cfg, in_flight, cap = self.config, obs.batch_in_flight, self.config.max_seats
         if self.engine_slots is not None:
             cap = min(cap, max(1, int(self.engine_slots * (1 - cfg.chat_slot_share))))
@@ -274,9 +263,8 @@ class BudgetController:
         return min(cap, len(in_flight) + 1 if fits else len(in_flight))
 
     def _kv_room(self, obs: Observation) -> int | None:
-        """KV tokens new batch admissions may claim: under the high-water mark, beside what the
-        engine holds, chat's prefix-cache working set, and what admitted batch requests will still
-        add (prompt rest and output)."""
+        """KV tokens new batch requests may claim under the high-water mark, beside what the
+        engine holds, chat's cached working set and what admitted batch will still add."""
         cap = obs.kv_capacity_tokens
         if not cap or obs.kv_usage is None:
             return None
