@@ -42,6 +42,9 @@ def window_figures(newer: dict, older: dict) -> dict:
                           status_histogram(older, "chat_itl_seconds"))  # fmt: skip
     ttft = histogram_delta(status_histogram(newer, "chat_ttft_seconds"),
                            status_histogram(older, "chat_ttft_seconds"))  # fmt: skip
+    e2e = (histogram_delta(status_histogram(newer, "chat_e2e_seconds"),
+                           status_histogram(older, "chat_e2e_seconds"))
+           if "chat_e2e_seconds" in newer and "chat_e2e_seconds" in older else None)  # fmt: skip
     batch_prefill = a["batch_prefill_tokens"] - b["batch_prefill_tokens"]
     batch_steps = a["batch_prefill_steps"] - b["batch_prefill_steps"]
     # A plug-in from before the count reports none: the share is then unknown, not 0.
@@ -51,6 +54,7 @@ def window_figures(newer: dict, older: dict) -> dict:
         "steps": steps,
         "chat_itl_p99_s": histogram_quantile(itl, 0.99),
         "chat_ttft_p99_s": histogram_quantile(ttft, 0.99),
+        "chat_e2e_p99_s": histogram_quantile(e2e, 0.99) if e2e is not None else None,
         "step_time_ratio": measured / modelled if modelled > 0 else None,
         "mean_step_s": (a["measured_s"] - b["measured_s"]) / steps if steps else None,
         "batch_prefill_tokens": batch_prefill,
@@ -119,6 +123,7 @@ class PluginStatusSensor:
             replica=name,
             chat_itl_p99_s=f["chat_itl_p99_s"],
             chat_ttft_p99_s=f["chat_ttft_p99_s"],
+            chat_e2e_p99_s=f["chat_e2e_p99_s"],
             step_time_ratio=f["step_time_ratio"],
             target_bound_share=f["target_bound_share"],
             window_s=t - start["written_at"],

@@ -126,6 +126,7 @@ class Replica:
         iv.target_bound_steps += self.step.target_bound
         iv.chat_gaps.extend(outcome.chat_gaps)
         iv.chat_ttfts.extend(now - r.arrival for r in outcome.first_tokens if r.cls == "chat")
+        iv.chat_e2es.extend(now - r.arrival for r in outcome.finished if r.cls == "chat")
         return outcome
 
     @property

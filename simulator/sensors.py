@@ -1,7 +1,8 @@
 """What the controller sees of a simulated replica: window statistics, as a live sensor reports them.
 
 Samples are kept per control interval; an observation merges the last few intervals (the sensor
-window). ITL p99 is token-weighted (one sample per streamed chat token), TTFT p99 request-weighted.
+window). ITL p99 is token-weighted (one sample per streamed chat token), TTFT and end-to-end p99
+request-weighted.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ class Interval:
     """When the interval began (the simulation starts at 0)."""
     chat_gaps: list[float] = field(default_factory=list)
     chat_ttfts: list[float] = field(default_factory=list)
+    chat_e2es: list[float] = field(default_factory=list)
     steps: list[float] = field(default_factory=list)
     target_bound_steps: int = 0
     preemptions: int = 0
@@ -56,6 +58,7 @@ class ReplicaSensor:
         bound = sum(iv.target_bound_steps for iv in self.window)
         gaps = [g for iv in self.window for g in iv.chat_gaps]
         ttfts = [x for iv in self.window for x in iv.chat_ttfts]
+        e2es = [x for iv in self.window for x in iv.chat_e2es]
         chat_decoding = [r for r in running if r.cls == "chat" and r.output_tokens > 0]
         batch = [r for r in running + waiting if r.cls == "batch"]
         return Observation(
@@ -63,6 +66,7 @@ class ReplicaSensor:
             replica=replica,
             chat_itl_p99_s=_p99(gaps),
             chat_ttft_p99_s=_p99(ttfts),
+            chat_e2e_p99_s=_p99(e2es),
             kv_usage=kv_usage,
             kv_capacity_tokens=kv_capacity_tokens,
             preemptions=self.window[-1].preemptions,

@@ -49,6 +49,8 @@ TTFT_BOUNDS_S = (
     0.005, *_geometric(0.01, 2.5, BUCKET_RESOLUTION), 3.0, 5.0, 10.0, 20.0, 60.0,
 )  # fmt: skip
 """Chat TTFT bucket bounds (seconds): fine from 10 ms to 2.5 s."""
+E2E_BOUNDS_S = (*_geometric(0.05, 120.0, BUCKET_RESOLUTION), 300.0, 900.0)
+"""Chat end-to-end bucket bounds (seconds): fine from 50 ms to 2 minutes."""
 WRITE_EVERY_S = 1.0
 
 
@@ -139,6 +141,7 @@ class EngineStatus:
         self._recent = Totals()
         self.chat_itl = Buckets(GAP_BOUNDS_S)
         self.chat_ttft = Buckets(TTFT_BOUNDS_S)
+        self.chat_e2e = Buckets(E2E_BOUNDS_S)
         self._last_write = 0.0
         self.errors = 0
         self.last_batch_prefill_at: float | None = None
@@ -189,6 +192,7 @@ class EngineStatus:
             "recent": recent,
             "chat_itl_seconds": self.chat_itl.to_dict(),
             "chat_ttft_seconds": self.chat_ttft.to_dict(),
+            "chat_e2e_seconds": self.chat_e2e.to_dict(),
             "last_batch_prefill_at": self.last_batch_prefill_at,
             "plugin_errors": self.errors,
         }

@@ -45,6 +45,21 @@ def test_a_windows_ttft_p99_reads_within_five_percent_of_its_slowest_chat(slowes
     assert f["chat_ttft_p99_s"] == pytest.approx(slowest_s, rel=0.05)
 
 
+@pytest.mark.parametrize("slowest_s", [0.9, 4.2, 37.0])
+def test_a_windows_chat_e2e_p99_reads_within_five_percent_and_is_unknown_before_the_count(
+    slowest_s,
+):
+    status = EngineStatus(None)
+    older = document(status)
+    for e2e in (0.3, 0.5, slowest_s):
+        status.chat_e2e.observe(e2e)
+    assert window_figures(document(status), older)["chat_e2e_p99_s"] == pytest.approx(
+        slowest_s, rel=0.05
+    )
+    del older["chat_e2e_seconds"]  # a plug-in from before the count
+    assert window_figures(document(status), older)["chat_e2e_p99_s"] is None
+
+
 def test_the_model_is_corrected_only_by_the_steps_that_carried_a_batch_chunk():
     """A step without batch is mostly fixed cost, which the fit prices less well, and its time
     moves with chat's load: counted, it would move the target of the chunks it never carried."""

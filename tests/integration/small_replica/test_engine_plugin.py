@@ -215,6 +215,30 @@ def test_pause_stops_batch_prefill_within_100_ms_and_chat_streams_on(replica):
     assert sum(cpu.values()) < 25, report
 
 
+def test_the_plugin_times_each_finished_chat_end_to_end_as_its_client_does(replica):
+    """The controller's optional E2E SLO is judged by the plug-in's count: from the request's
+    arrival in the engine to its last token, once per chat, never longer than the client saw."""
+    before = status(replica)
+
+    async def chats() -> list[float]:
+        async with StreamingClient(replica.base_url, replica.served_model) as client:
+            e2es = []
+            for n in range(6):
+                prompt = [100 + (n * 211 + k) % 1200 for k in range(128)]
+                done = await client.complete(prompt, max_tokens=8 + 4 * n, ignore_eos=True)
+                assert done.ok, done.record.error
+                e2es.append(done.record.e2e_s)
+            return e2es
+
+    e2es = asyncio.run(chats())
+    after = status_after_load(replica)
+    counted = histogram_delta(status_histogram(after, "chat_e2e_seconds"),
+                              status_histogram(before, "chat_e2e_seconds"))  # fmt: skip
+    assert counted.count == len(e2es)
+    engine_p99 = histogram_quantile(counted, 0.99)
+    assert 0.8 * max(e2es) <= engine_p99 <= 1.05 * max(e2es), (engine_p99, e2es)
+
+
 def test_a_killed_controller_leaves_chat_served_and_batch_paused_after_expiry(replica):
     ttl_s = 1.5
     controller = subprocess.Popen(
