@@ -74,6 +74,9 @@ def run(
     ),
     itl_slo_ms: float = typer.Option(None, help="Chat ITL p99 SLO in ms."),
     ttft_slo_ms: float = typer.Option(None, help="Chat TTFT p99 SLO in ms."),
+    e2e_slo_ms: float = typer.Option(
+        None, help="Chat end-to-end p99 SLO in ms (default: none, only ITL and TTFT)."
+    ),
     static_seats: int = typer.Option(4, help="Seats for policy static or budget."),
     static_chunk: int = typer.Option(2048, help="Chunk tokens for policy static."),
     budget_target_ms: float = typer.Option(40.0, help="Batch step target for policy budget."),
@@ -103,13 +106,13 @@ def run(
     urls = (replica_url or []) + _replica_file_urls(replica_file)
     run_id = run_id or _tonight(timezone)
     _check_inputs(corpus, engine_config, config, urls, run_id, results, policy, latency_model)
-    slo = SLO(
-        **{
-            k: v
-            for k, v in (("chat_itl_p99_ms", itl_slo_ms), ("chat_ttft_p99_ms", ttft_slo_ms))
-            if v is not None
-        }
-    )
+    given = (("--itl-slo-ms", "chat_itl_p99_ms", itl_slo_ms),
+             ("--ttft-slo-ms", "chat_ttft_p99_ms", ttft_slo_ms),
+             ("--e2e-slo-ms", "chat_e2e_p99_ms", e2e_slo_ms))  # fmt: skip
+    for option, _, ms in given:
+        if ms is not None and not ms > 0:
+            raise fail(f"{option} {ms:g}: give the p99 latency in milliseconds, above 0")
+    slo = SLO(**{field: ms for _, field, ms in given if ms is not None})
     tie_temporary_server()  # a killed run leaves no Prefect server behind
     stop_on_sigterm()  # a supervisor's stop ends the run as Ctrl-C does
     out = nightly_summarization(
