@@ -26,6 +26,10 @@ CHAT_HISTOGRAMS = {
         "nightshift_chat_ttft_seconds",
         "Chat time to first token from arrival, in the engine.",
     ),
+    "chat_e2e_seconds": (
+        "nightshift_chat_e2e_seconds",
+        "Chat time from arrival to last token, in the engine.",
+    ),
 }
 """Status document key -> exported histogram name and help."""
 
@@ -101,6 +105,12 @@ class GateMetrics:
             ["replica"],
             registry=r,
         )
+        self.chat_e2e_p99 = Gauge(
+            "nightshift_chat_e2e_p99_seconds",
+            "Observed window chat end-to-end p99.",
+            ["replica"],
+            registry=r,
+        )
         self.kv_usage = Gauge(
             "nightshift_kv_usage", "Observed KV cache usage (0..1).", ["replica"], registry=r
         )
@@ -125,6 +135,11 @@ class GateMetrics:
         self.slo_ttft = Gauge(
             "nightshift_slo_chat_ttft_p99_seconds", "The run's chat TTFT p99 SLO.", registry=r
         )
+        self.slo_e2e = Gauge(
+            "nightshift_slo_chat_e2e_p99_seconds",
+            "The run's chat end-to-end p99 SLO (NaN: none).",
+            registry=r,
+        )
         self.chat = PluginHistograms()
         r.register(self.chat)
         self._server = None
@@ -132,6 +147,8 @@ class GateMetrics:
     def set_slo(self, slo: SLO) -> None:
         self.slo_itl.set(slo.chat_itl_p99_ms / 1000)
         self.slo_ttft.set(slo.chat_ttft_p99_ms / 1000)
+        e2e = slo.chat_e2e_p99_ms
+        self.slo_e2e.set(float("nan") if e2e is None else e2e / 1000)
 
     def record_status(self, replica: str, doc: dict) -> None:
         """The replica's latest plug-in status document, for the chat histograms."""
@@ -155,6 +172,7 @@ class GateMetrics:
             (self.kv_room, decision.kv_room_tokens),
             (self.chat_itl_p99, obs.chat_itl_p99_s),
             (self.chat_ttft_p99, obs.chat_ttft_p99_s),
+            (self.chat_e2e_p99, obs.chat_e2e_p99_s),
             (self.kv_usage, obs.kv_usage),
             (self.chat_cache, obs.chat_cache_tokens),
             (self.slack_mark, decision.slack_mark),

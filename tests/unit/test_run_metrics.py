@@ -48,10 +48,12 @@ def test_gate_series_are_relayed_onto_the_run_port_with_chat_histograms() -> Non
     from scheduler.slo import SLO
 
     gate = GateMetrics()
-    gate.set_slo(SLO(chat_itl_p99_ms=40, chat_ttft_p99_ms=800))
-    gate.record(Observation(t=5.0, replica="r0"), Decision(3, 0, reason="grow"), 1)
+    gate.set_slo(SLO(chat_itl_p99_ms=40, chat_ttft_p99_ms=800, chat_e2e_p99_ms=9000))
+    seen = Observation(t=5.0, replica="r0", chat_e2e_p99_s=7.5)
+    gate.record(seen, Decision(3, 0, reason="grow"), 1)
     histogram = {"bounds": [0.01, 0.05], "cumulative": [2, 5, 6], "count": 6, "sum": 0.3}
-    gate.record_status("r0", {"chat_itl_seconds": histogram, "chat_ttft_seconds": histogram})
+    keys = ("chat_itl_seconds", "chat_ttft_seconds", "chat_e2e_seconds")
+    gate.record_status("r0", dict.fromkeys(keys, histogram))
     run = RunMetrics("r1")
     port = run.serve(0)
     try:
@@ -62,6 +64,9 @@ def test_gate_series_are_relayed_onto_the_run_port_with_chat_histograms() -> Non
         assert 'nightshift_chat_itl_seconds_bucket{le="0.05",replica="r0"} 5.0' in text
         assert 'nightshift_chat_ttft_seconds_count{replica="r0"} 6.0' in text
         assert "nightshift_slo_chat_itl_p99_seconds 0.04" in text
+        assert 'nightshift_chat_e2e_seconds_count{replica="r0"} 6.0' in text
+        assert 'nightshift_chat_e2e_p99_seconds{replica="r0"} 7.5' in text
+        assert "nightshift_slo_chat_e2e_p99_seconds 9.0" in text
         run.relay(lambda: (_ for _ in ()).throw(TimeoutError("gate gone")))
         assert "nightshift_batch_seats" not in scrape(port)  # absent, not frozen
     finally:
