@@ -24,12 +24,12 @@ taken on another host set a floor the host's steps were far from: loose on a fas
 reach on a slower.
 
 Each scenario's batch requests carry its own prefix-cache salt (`salted`): the documents are the
-same in every scenario, and none may find another's prefill cached. Each scenario is a run of its own under `results/runs/`, with chat and batch records side by side,
-so the warehouse and the report can compare them. Chat ITL is judged from the engine's side,
-scraped every second through the scenario (serving/engine_itl.py says why): the plug-in's chat-only
-gaps where the replica runs it, in every scenario (with no control document it only observes),
-else vLLM's histogram, which counts batch sequences' gaps too. The client's streamed gaps are
-reported beside it.
+same in every scenario, and none may find another's prefill cached. Each scenario is a run of its
+own under `results/runs/`, with chat and batch records side by side, so the warehouse and the
+report can compare them. Chat ITL is judged from the engine's side, scraped every second through
+the scenario (serving/engine_itl.py says why): the plug-in's chat-only gaps where the replica runs
+it, in every scenario (with no control document it only observes), else vLLM's histogram, which
+counts batch sequences' gaps too. The client's streamed gaps are reported beside it.
 """
 
 from __future__ import annotations

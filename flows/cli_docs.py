@@ -65,8 +65,8 @@ def topics() -> list[Topic]:
         Topic(
             "Chat SLO",
             SLO,
-            "The chat latency targets a run defends (`nightshift run --itl-slo-ms/--ttft-slo-ms/--e2e-slo-ms`, "
-            "or the flow's `slo` parameter).",
+            "The chat latency targets a run defends (`nightshift run --itl-slo-ms/--ttft-slo-ms/"
+            "--e2e-slo-ms`, or the flow's `slo` parameter).",
         ),
         Topic(
             "Controller tuning",

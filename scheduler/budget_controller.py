@@ -44,7 +44,7 @@ COLD_START_SHARE = 0.5
 DECODE_SHARE = 0.5
 """Share of the step target batch decodes may fill: the rest stays for batch prefill chunks."""
 IDLE_TTFT_SHARE = 0.25
-"""TTFT SLO share a step may take with no chat in the engine: a chat arriving then waits that."""
+"""TTFT SLO share a step may last with no chat in the engine: what a chat arriving then waits."""
 ITL_QUANTILE = 0.99
 """The quantile of chat's token gaps the ITL SLO is stated at."""
 BREAK_MEMORY_WINDOWS = 4
@@ -231,7 +231,7 @@ class BudgetController:
 
     def _correct_model(self, state: _Replica, obs: Observation) -> bool:
         """Fold in the plug-in's measured/modelled batch step time; True for the first one, which
-        is the engine's whole record where it has one (earlier runs' steps: more than a window's)."""
+        is the engine's whole record where it has one (earlier runs' steps, not one window's)."""
         r = obs.step_time_ratio
         if not state.ratio_measured and obs.engine_step_time_ratio is not None:
             r = obs.engine_step_time_ratio
