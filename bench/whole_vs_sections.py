@@ -7,6 +7,8 @@ buys fewer batch tokens in a whole 80k document than in short sections; this pri
 which bounds any comparison of a controller sending documents whole with caps that cut them.
 
     .venv/bin/python -m bench.whole_vs_sections --targets 40,47,50
+    .venv/bin/python -m bench.whole_vs_sections --engine-config engine_configs/cpu-small-fp32.yaml \
+        --targets 47,64 --doc-tokens 6300 --section-tokens 1024 --chat-decodes 4 --chat-context 930
 """
 
 from __future__ import annotations
@@ -57,12 +59,16 @@ def main() -> None:
     p.add_argument("--section-tokens", type=int, default=2048)
     p.add_argument("--chat-decodes", type=int, default=45)
     p.add_argument("--chat-context", type=int, default=8000, help="Tokens per chat decode.")
+    p.add_argument("--latency-model", type=Path, default=None,
+                   help="Fit to price steps with (default: the config's latency_fit, else the "
+                   "roofline of its hardware).")  # fmt: skip
     args = p.parse_args()
 
     from serving.engine_profile import load_profile, step_model
+    from serving.replica_targets import configured_fit
 
     profile = load_profile(args.engine_config, [])
-    model = step_model(profile, None)
+    model = step_model(profile, args.latency_model or configured_fit(args.engine_config, profile))
     room = int(profile.vllm.get("max-num-batched-tokens", 2048)) - args.chat_decodes
     chat = StepBatch((), args.chat_decodes, args.chat_decodes * args.chat_context)
     print(f"chat alone: {1000 * model.step_seconds(chat):.1f} ms a step; batch room {room} tokens")
