@@ -35,6 +35,7 @@ counts batch sequences' gaps too. The client's streamed gaps are reported beside
 from __future__ import annotations
 
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -168,6 +169,8 @@ def run_scenarios(cfg: BenchConfig, replicas: list[tuple[str, str]], model: str,
             runs[name] = _with_batch(cfg, name, replicas, model, tokenizer, slo, "slo")
     scored = {name: score(run, slo) for name, run in runs.items()}
     sweep = score_sweeps(sweeps, runs, scored, lambda r: score(r, slo))
+    run_ids = {n: r.run_id for n, r in {**runs, **sweep}.items()}
+    record_judging_slo(cfg.results, run_ids.values(), slo)
     out = {
         "scenarios": scored,
         "slo": slo.model_dump(),
@@ -179,10 +182,21 @@ def run_scenarios(cfg: BenchConfig, replicas: list[tuple[str, str]], model: str,
             "floor_step_ratio": probe_ratio,
             "fixed_ttft_ms": cfg.fixed_ttft_slo_ms,
         },
-        "run_ids": {n: r.run_id for n, r in {**runs, **sweep}.items()},
+        "run_ids": run_ids,
     }
     out["summary"] = summarize(scored, cfg, runs.get("controlled") or baseline, slo)
     return out
+
+
+def record_judging_slo(results: str | Path, run_ids: Iterable[str], slo: SLO) -> None:
+    """Write into each scenario's `run.json` the SLO the bench judged it by. The stock scenarios
+    run before the step probe prices the ITL floor, so their runs started under the fit's floor;
+    kept, the warehouse's SLO reports would judge them by another SLO than OUT.json does."""
+    from warehouse.run_files import read_meta, run_dir, write_meta
+
+    for run_id in run_ids:
+        directory = run_dir(results, run_id)
+        write_meta(directory, replace(read_meta(directory), slo=slo.model_dump()))
 
 
 def in_sections(pipeline: PipelineConfig, section_tokens: int) -> PipelineConfig:

@@ -47,6 +47,11 @@ def ran(monkeypatch) -> list[dict]:
     monkeypatch.setattr(scenarios, "score", lambda run, slo: {"slo": slo})
     monkeypatch.setattr(scenarios, "score_sweeps", lambda sweeps, runs, scored, score: {})
     monkeypatch.setattr(scenarios, "summarize", lambda *a: {})
+
+    def recorded(results, run_ids, slo: SLO) -> None:
+        log.append({"recorded": list(run_ids), "slo": slo})
+
+    monkeypatch.setattr(scenarios, "record_judging_slo", recorded)
     return log
 
 
@@ -60,12 +65,12 @@ def config(scenario_names: tuple[str, ...], **more) -> BenchConfig:
 def test_stock_scenarios_run_before_the_plugin_is_first_steered(ran) -> None:
     asked = ("controlled", "static-budget", "uncontrolled", "static-engine")
     run_scenarios(config(asked), [], "m", None)
-    names = [r["name"].split("-4x")[0] for r in ran]  # static-budget-4x<target>ms
+    names = [r["name"].split("-4x")[0] for r in ran if "name" in r]  # static-budget-4x<target>ms
     assert names == [
         "warmup", "chat-only", "uncontrolled", "static-engine-1x512", "step-probe",
         "static-budget", "controlled",
     ]  # fmt: skip
-    first_steered = next(i for i, r in enumerate(ran) if r["policy"] in ("budget", "slo"))
+    first_steered = next(i for i, r in enumerate(ran) if r.get("policy") in ("budget", "slo"))
     assert ran[first_steered]["name"] == "step-probe"
     assert all(r["policy"] in ("none", "static") for r in ran[:first_steered])
 
@@ -75,13 +80,16 @@ def test_the_probe_prices_the_floor_every_scenario_is_judged_by(ran) -> None:
     out = run_scenarios(config(("uncontrolled", "controlled")), [], "m", None)
     here = scenarios._itl_floor_ms(config(()), 0.5)
     assert here < fit_floor
-    probe = next(r for r in ran if r["name"] == "step-probe")
+    probe = next(r for r in ran if r.get("name") == "step-probe")
     assert probe["budget"] == (scenarios.PROBE_SEATS, fit_floor / 2)  # one full step by the fit
     assert probe["slo"].chat_itl_p99_ms == fit_floor
-    controlled = next(r for r in ran if r["name"] == "controlled")
+    controlled = next(r for r in ran if r.get("name") == "controlled")
     assert controlled["slo"].chat_itl_p99_ms == here  # the controller steers to the host's floor
     assert out["slo"]["chat_itl_p99_ms"] == here
     assert out["scenarios"]["uncontrolled"]["slo"].chat_itl_p99_ms == here  # and is judged by it
+    [recorded] = [r for r in ran if "recorded" in r]
+    assert set(recorded["recorded"]) == set(out["run_ids"].values()), "every scenario's run"
+    assert recorded["slo"].chat_itl_p99_ms == here, "the warehouse judges as OUT.json does"
     basis = out["slo_basis"]
     assert (basis["itl_floor_ms"], basis["itl_floor_ms_fit"], basis["floor_step_ratio"]) == (
         here,
@@ -100,7 +108,7 @@ def test_the_probe_prices_the_floor_every_scenario_is_judged_by(ran) -> None:
 )
 def test_no_probe_where_nothing_needs_it(ran, scenario_names, more) -> None:
     out = run_scenarios(config(scenario_names, **more), [], "m", None)
-    assert "step-probe" not in [r["name"] for r in ran]
+    assert "step-probe" not in [r.get("name") for r in ran]
     assert out["slo_basis"]["floor_step_ratio"] is None
 
 
@@ -129,4 +137,17 @@ def test_the_probe_runs_as_long_as_the_warmup(monkeypatch) -> None:
 def test_a_probe_that_priced_nothing_is_not_run_again(ran, monkeypatch) -> None:
     monkeypatch.setattr(scenarios, "_engine_steps", lambda cfg, run_id: [])
     run_scenarios(config(("static-budget", "controlled")), [], "m", None)
-    assert [r["name"] for r in ran].count("step-probe") == 1
+    assert [r.get("name") for r in ran].count("step-probe") == 1
+
+
+def test_each_run_records_the_slo_it_was_judged_by(tmp_path) -> None:
+    from warehouse.run_files import RunMeta, read_meta, run_dir, write_meta
+
+    for run_id in ("b-uncontrolled", "b-controlled"):
+        directory = run_dir(tmp_path, run_id)
+        directory.mkdir(parents=True)
+        write_meta(directory, RunMeta(run_id, policy="none", slo={"chat_itl_p99_ms": 94.9}))
+    judged = SLO(chat_itl_p99_ms=260.4, chat_ttft_p99_ms=410.5, window_s=15.0)
+    scenarios.record_judging_slo(tmp_path, ["b-uncontrolled", "b-controlled"], judged)
+    meta = read_meta(run_dir(tmp_path, "b-uncontrolled"))
+    assert meta.slo == judged.model_dump() and meta.policy == "none"
