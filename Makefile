@@ -11,13 +11,15 @@ ENGINE_LOCK := $(if $(HAS_GPU),requirements/engine-gpu.txt,requirements/engine-c
 .PHONY: demo demo-short test faults bench-check unit lint venv engine-venv models prometheus clean-results
 
 # Tonight's job: a handful of ~80k-token documents, each summarized whole on cpu-long, beside chat.
-# DEMO_ARGS go to the demo (`make demo DEMO_ARGS="--results /tmp/night"`).
+# DEMO_ARGS go to the demo (`make demo DEMO_ARGS="--results /tmp/night"`). `exec` makes the demo
+# make's own child, and NIGHTSHIFT_STARTER_PID tells it make's pid: a make killed before the demo
+# looked is noticed, and the demo stops (serving/replica_guard.py, `starter_pid`).
 demo: venv engine-venv models
-	$(VENV)/bin/python -m flows.demo $(DEMO_ARGS)
+	exec env NIGHTSHIFT_STARTER_PID=$$PPID $(VENV)/bin/python -m flows.demo $(DEMO_ARGS)
 
 # Sixteen short documents in map-reduce sections on cpu-small.
 demo-short: venv engine-venv models
-	$(VENV)/bin/python -m flows.demo --short $(DEMO_ARGS)
+	exec env NIGHTSHIFT_STARTER_PID=$$PPID $(VENV)/bin/python -m flows.demo --short $(DEMO_ARGS)
 
 test: venv engine-venv models prometheus
 	$(VENV)/bin/python -m pytest -q --durations=30

@@ -12,7 +12,6 @@ demo running on, its parent gone, until its night ended.
 
 from __future__ import annotations
 
-import os
 import sys
 import time
 from collections.abc import Sequence
@@ -25,6 +24,9 @@ CHAT_RATE, CHAT_SCALE, BASELINE_S = 1.0, 0.1, 20.0
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    from serving.replica_guard import die_with_parent, starter_pid
+
+    die_with_parent(starter_pid())  # SIGTERM, as from a supervisor, when its starter dies
     demo, results = parse_demo(sys.argv[1:] if argv is None else argv)
     try:
         config_path, fit_path = config_for_this_host(demo)
@@ -42,10 +44,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     from scheduler.latency_model import LatencyModel
     from serving.engine_config import load_engine_config
     from serving.launcher import ReplicaSet, free_port
-    from serving.replica_guard import die_with_parent
     from serving.tokenizer import tokenizer_for
 
-    die_with_parent(os.getppid())  # SIGTERM, as from a supervisor, when its starter dies
     stop_on_sigterm()  # SIGTERM ends the demo as Ctrl-C does
     tie_temporary_server()  # Prefect's server goes with the demo, however the demo ends
     config = load_engine_config(config_path)

@@ -28,6 +28,17 @@ GRACE_S = 10.0
 POLL_S = 0.5
 
 
+STARTER_ENV = "NIGHTSHIFT_STARTER_PID"
+"""Set by a starter that execs this process (the Makefile's demo targets) to its own pid."""
+
+
+def starter_pid() -> int:
+    """The process that started this one: `NIGHTSHIFT_STARTER_PID` where the starter set it, so a
+    starter killed before this process first looked is noticed; else the parent as it is now."""
+    value = os.environ.get(STARTER_ENV, "")
+    return int(value) if value.isdigit() else os.getppid()
+
+
 def die_with_parent(parent_pid: int | None = None) -> None:
     """In a child before exec (or at its start): SIGTERM this process when its parent dies.
 
