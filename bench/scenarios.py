@@ -202,16 +202,19 @@ def record_judging_slo(results: str | Path, run_ids: Iterable[str], slo: SLO) ->
 def in_sections(pipeline: PipelineConfig, section_tokens: int) -> PipelineConfig:
     """`pipeline` sending every document in map-reduce sections of `section_tokens`: what an
     operator without the engine plug-in does to bound a batch prompt (the static-engine sweep)."""
-    return PipelineConfig.model_validate(
-        {**pipeline.model_dump(), "mode": "map_reduce", "section_tokens": section_tokens}
-    )
+    return _with(pipeline, mode="map_reduce", section_tokens=section_tokens)
 
 
 def salted(pipeline: PipelineConfig, run_id: str) -> PipelineConfig:
     """`pipeline` with batch prompts cached apart under `run_id`: every scenario sends the same
     documents to the same engine, and one that found an earlier scenario's prefill in the prefix
     cache would make tokens it never computed (as a night's new documents never would)."""
-    return PipelineConfig.model_validate({**pipeline.model_dump(), "batch_cache_salt": run_id})
+    return _with(pipeline, batch_cache_salt=run_id)
+
+
+def _with(pipeline: PipelineConfig, **fields) -> PipelineConfig:
+    """`pipeline` with `fields` changed, validated as a job's settings are."""
+    return PipelineConfig.model_validate({**pipeline.model_dump(), **fields})
 
 
 def derive_slo(

@@ -34,17 +34,6 @@ def window_figures(newer: dict, older: dict) -> dict:
     """Chat p99s and engine step figures between two status documents of one engine."""
     a, b = newer["totals"], older["totals"]
     steps = a["steps"] - b["steps"]
-    # The model's error where batch chunks were sized; None in a window with no batch step (or
-    # from a plug-in that does not count them), which then says nothing about the model.
-    modelled = a.get("batch_model_s", 0.0) - b.get("batch_model_s", 0.0)
-    measured = a.get("batch_measured_s", 0.0) - b.get("batch_measured_s", 0.0)
-    itl = histogram_delta(status_histogram(newer, "chat_itl_seconds"),
-                          status_histogram(older, "chat_itl_seconds"))  # fmt: skip
-    ttft = histogram_delta(status_histogram(newer, "chat_ttft_seconds"),
-                           status_histogram(older, "chat_ttft_seconds"))  # fmt: skip
-    e2e = (histogram_delta(status_histogram(newer, "chat_e2e_seconds"),
-                           status_histogram(older, "chat_e2e_seconds"))
-           if "chat_e2e_seconds" in newer and "chat_e2e_seconds" in older else None)  # fmt: skip
     batch_prefill = a["batch_prefill_tokens"] - b["batch_prefill_tokens"]
     batch_steps = a["batch_prefill_steps"] - b["batch_prefill_steps"]
     # A plug-in from before the count reports none: the share is then unknown, not 0.
@@ -52,10 +41,10 @@ def window_figures(newer: dict, older: dict) -> dict:
     bound = a[key] - b[key] if key in a and key in b else None
     return {
         "steps": steps,
-        "chat_itl_p99_s": histogram_quantile(itl, 0.99),
-        "chat_ttft_p99_s": histogram_quantile(ttft, 0.99),
-        "chat_e2e_p99_s": histogram_quantile(e2e, 0.99) if e2e is not None else None,
-        "step_time_ratio": measured / modelled if modelled > 0 else None,
+        "chat_itl_p99_s": _window_p99(newer, older, "chat_itl_seconds"),
+        "chat_ttft_p99_s": _window_p99(newer, older, "chat_ttft_seconds"),
+        "chat_e2e_p99_s": _window_p99(newer, older, "chat_e2e_seconds"),
+        "step_time_ratio": _batch_step_ratio(a, b),
         "mean_step_s": (a["measured_s"] - b["measured_s"]) / steps if steps else None,
         "batch_prefill_tokens": batch_prefill,
         "batch_tokens_per_step": batch_prefill / batch_steps if batch_steps else 0.0,
@@ -67,9 +56,26 @@ def window_figures(newer: dict, older: dict) -> dict:
 def engine_step_ratio(doc: dict) -> float | None:
     """Measured over modelled time of every batch step the engine has timed since it started (None
     before the first): what the model is off by on this host, known before this run's first step."""
-    totals = doc["totals"]
-    modelled = totals.get("batch_model_s", 0.0)
-    return totals.get("batch_measured_s", 0.0) / modelled if modelled > 0 else None
+    return _batch_step_ratio(doc["totals"], {})
+
+
+def _window_p99(newer: dict, older: dict, key: str) -> float | None:
+    """The p99 of a status histogram between two documents; None where either lacks it (a
+    plug-in from before the count)."""
+    if key not in newer or key not in older:
+        return None
+    return histogram_quantile(
+        histogram_delta(status_histogram(newer, key), status_histogram(older, key)), 0.99
+    )
+
+
+def _batch_step_ratio(totals: dict, since: dict) -> float | None:
+    """Measured over modelled time of the steps that carried a batch chunk between two sets of
+    totals: the model's error where chunks were sized. None without such a step (or from a
+    plug-in that does not count them), which then says nothing about the model."""
+    modelled = totals.get("batch_model_s", 0.0) - since.get("batch_model_s", 0.0)
+    measured = totals.get("batch_measured_s", 0.0) - since.get("batch_measured_s", 0.0)
+    return measured / modelled if modelled > 0 else None
 
 
 class PluginStatusSensor:
