@@ -46,6 +46,7 @@ class BenchOptions:
     slo_factor: float = 3.0
     itl_slo_ms: float | None = None
     ttft_slo_ms: float | None = None
+    e2e_slo_ms: float | None = None
     window_s: float | None = None
     scale: float | None = None
     static_sweep: tuple[tuple[int, int], ...] | None = None

@@ -69,6 +69,7 @@ def bench_config(config: EngineConfig, opts: RealOptions) -> BenchConfig:
         warmup_s=opts.warmup,
         slo=slo,
         fixed_ttft_slo_ms=opts.ttft_slo_ms if slo is None else None,
+        e2e_slo_ms=opts.e2e_slo_ms,
         slo_factor=opts.slo_factor,
         window_s=window_s,
         results=str(opts.results),

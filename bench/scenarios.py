@@ -55,6 +55,7 @@ from bench.verdicts import (
     score_sweeps,
     slo_from_chat_only,
     summary,
+    with_e2e,
 )
 from pipelines.config import PipelineConfig
 from pipelines.job import JobSpec, run_job
@@ -89,6 +90,9 @@ class BenchConfig:
     """Fixed SLO; None derives it from the chat-only run (`slo_factor` × its p99s)."""
     fixed_ttft_slo_ms: float | None = None
     """With a derived SLO: a fixed TTFT target instead of `slo_factor` × chat-only's TTFT p99."""
+    e2e_slo_ms: float | None = None
+    """A chat E2E p99 target added to the SLO, given or derived: the controller defends it and
+    every scenario is judged by it (None: E2E is reported, not judged)."""
     slo_factor: float = 3.0
     window_s: float = 15.0
     control_interval_s: float = 3.0
@@ -181,6 +185,7 @@ def run_scenarios(cfg: BenchConfig, replicas: list[tuple[str, str]], model: str,
             "itl_floor_ms_fit": fit_floor,
             "floor_step_ratio": probe_ratio,
             "fixed_ttft_ms": cfg.fixed_ttft_slo_ms,
+            "e2e_ms": cfg.e2e_slo_ms,
         },
         "run_ids": run_ids,
     }
@@ -231,12 +236,10 @@ def derive_slo(
 
 def _slo(cfg: BenchConfig, chat_only: ScenarioRun, floor_ms: float) -> SLO:
     """The given SLO, or the one derived from chat alone with an ITL no tighter than `floor_ms`."""
-    if cfg.slo is not None:
-        return cfg.slo
-    slo = derive_slo(chat_only, cfg.slo_factor, cfg.window_s, floor_ms)
-    if cfg.fixed_ttft_slo_ms is not None:
+    slo = cfg.slo or derive_slo(chat_only, cfg.slo_factor, cfg.window_s, floor_ms)
+    if cfg.slo is None and cfg.fixed_ttft_slo_ms is not None:
         slo = slo.model_copy(update={"chat_ttft_p99_ms": cfg.fixed_ttft_slo_ms})
-    return slo
+    return with_e2e(slo, cfg.e2e_slo_ms)
 
 
 def _itl_floor_ms(cfg: BenchConfig, step_ratio: float = 1.0) -> float:

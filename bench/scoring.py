@@ -1,8 +1,9 @@
 """Scoring one benchmark scenario from its records. Pure: records in, figures out.
 
 Chat latency follows docs/design.md §4.6: ITL percentiles over every token gap (token-weighted), TTFT and E2E
-over requests. A window holds the SLO when its chat ITL p99 and TTFT p99 are within target and no
-chat request failed in it; goodput counts batch tokens of requests that ended in such windows.
+over requests. A window holds the SLO when its chat ITL p99 and TTFT p99 are within target, and its E2E
+p99 where the SLO sets one (a chat counts in the window it ended in), and no chat request failed in
+it; goodput counts batch tokens of requests that ended in such windows.
 
 ITL can come from two places: the client's streamed gaps, or the engine's own histogram (see
 serving/engine_itl.py for why the engine's is the one to judge by on a small shared host). Functions
@@ -60,6 +61,7 @@ def window_verdicts(
     n = max(1, math.ceil((t1 - t0) / slo.window_s - 1e-9))
     gaps: list[list[float]] = [[] for _ in range(n)]
     ttfts: list[list[float]] = [[] for _ in range(n)]
+    e2es: list[list[float]] = [[] for _ in range(n)]
     failed = [False] * n
 
     def window(t: float | None) -> int | None:
@@ -73,6 +75,8 @@ def window_verdicts(
                 gaps[w].append(g.gap_s)
         if r.ttft_s is not None and (w := window(r.t_first_token)) is not None:
             ttfts[w].append(r.ttft_s)
+        if r.status == "ok" and r.e2e_s is not None and (w := window(r.t_end)) is not None:
+            e2es[w].append(r.e2e_s)
         if r.status in FAILED and (w := window(r.t_end)) is not None:
             failed[w] = True
     verdicts = []
@@ -81,14 +85,16 @@ def window_verdicts(
             itl_p99 = engine_itl(t0 + w * slo.window_s, t0 + (w + 1) * slo.window_s)
         else:
             itl_p99 = percentile(sorted(gaps[w]), 99) * 1000 if gaps[w] else None
-        verdicts.append(_holds(itl_p99, ttfts[w], failed[w], slo))
+        verdicts.append(_holds(itl_p99, ttfts[w], e2es[w], slo) and not failed[w])
     return verdicts
 
 
-def _holds(itl_p99_ms: float | None, ttfts: list[float], failed: bool, slo: SLO) -> bool:
+def _holds(itl_p99_ms: float | None, ttfts: list[float], e2es: list[float], slo: SLO) -> bool:
+    def within(values: list[float], target_ms: float | None) -> bool:
+        return target_ms is None or not values or percentile(sorted(values), 99) * 1000 <= target_ms
+
     itl_ok = itl_p99_ms is None or itl_p99_ms <= slo.chat_itl_p99_ms
-    ttft_ok = not ttfts or percentile(sorted(ttfts), 99) * 1000 <= slo.chat_ttft_p99_ms
-    return itl_ok and ttft_ok and not failed
+    return itl_ok and within(ttfts, slo.chat_ttft_p99_ms) and within(e2es, slo.chat_e2e_p99_ms)
 
 
 def batch_throughput(

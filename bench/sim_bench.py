@@ -86,6 +86,7 @@ def build(config: EngineConfig, opts: SimOptions) -> SimBench:
         scenarios=opts.scenarios,
         slo=_slo(opts, gpu, window),
         slo_factor=opts.slo_factor,
+        e2e_slo_ms=opts.e2e_slo_ms,
         window_s=window,
         controller=controller,
         results=str(opts.results),

@@ -39,6 +39,14 @@ def slo_from_chat_only(
     )
 
 
+def with_e2e(slo: SLO, e2e_p99_ms: float | None) -> SLO:
+    """`slo` with a chat E2E p99 target added where one is given (a derived SLO has none: chat
+    alone's E2E says how long its answers are, not what users will wait for)."""
+    if e2e_p99_ms is None:
+        return slo
+    return SLO.model_validate({**slo.model_dump(), "chat_e2e_p99_ms": e2e_p99_ms})
+
+
 def itl_floor_ms(model: StepTimeModel, step_tokens: int, chat_context_tokens: int = 1024) -> float:
     """The tightest chat ITL p99 worth promising beside batch work: two engine steps that each
     prefill a full `step_tokens` budget at the start of a prompt, beside one decoding chat, by

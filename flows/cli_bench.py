@@ -66,6 +66,11 @@ def bench(
     ttft_slo_ms: float = typer.Option(
         None, help="Fixed chat TTFT p99 SLO; alone, the ITL SLO still derives from chat-only."
     ),
+    e2e_slo_ms: float = typer.Option(
+        None,
+        help="Chat E2E p99 SLO, beside the ITL and TTFT ones, given or derived: the "
+        "controller defends it and every scenario's windows are judged by it.",
+    ),
     window_s: float = typer.Option(
         None, min=1, help="SLO window in seconds (default 15, 60 in --sim on a GPU)."
     ),
@@ -115,6 +120,10 @@ def bench(
     from serving.paths import SetupError
     from simulator.config import explain
 
+    for option, ms in (("--itl-slo-ms", itl_slo_ms), ("--ttft-slo-ms", ttft_slo_ms),
+                       ("--e2e-slo-ms", e2e_slo_ms)):  # fmt: skip
+        if ms is not None and ms <= 0:
+            raise fail(f"{option} {ms:g}: give the p99 latency in milliseconds, above 0")
     stop_on_sigterm()  # a supervisor's stop ends the bench as Ctrl-C does
     config = load_config_or_exit(engine_config)
     chosen = tuple(s.strip() for s in scenarios.split(",") if s.strip())
@@ -125,7 +134,7 @@ def bench(
         engine_config=engine_config, scenarios=chosen, duration=duration, results=results,
         seed=seed, rate=rate, latency_model=latency_model, docs=docs, min_tokens=min_tokens,
         max_tokens=max_tokens, slo_factor=slo_factor, itl_slo_ms=itl_slo_ms,
-        ttft_slo_ms=ttft_slo_ms, window_s=window_s, scale=scale,
+        ttft_slo_ms=ttft_slo_ms, e2e_slo_ms=e2e_slo_ms, window_s=window_s, scale=scale,
         static_sweep=_parse_sweep(static_sweep), budget_sweep=_parse_budgets(budget_sweep),
     )  # fmt: skip
     try:

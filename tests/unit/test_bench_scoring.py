@@ -45,6 +45,17 @@ def test_windows_judge_itl_ttft_and_failures_separately() -> None:
     assert window_verdicts(records, 0, 50, SLO_10S) == [True, False, False, False, True]
 
 
+def test_an_e2e_slo_judges_each_window_by_the_chats_that_ended_in_it() -> None:
+    records = [
+        chat(1, 0.1, 0.01, 5),  # ends in window 0 after 0.14 s
+        chat(2, 0.1, 1.0, 10),  # 9.1 s E2E, ITL gaps of 1 s judged apart: ends in window 1
+    ]
+    no_itl = lambda t0, t1: None  # noqa: E731 (ITL out of the way: only E2E is judged here)
+    assert window_verdicts(records, 0, 20, SLO_10S, no_itl) == [True, True]
+    with_e2e = SLO_10S.model_copy(update={"chat_e2e_p99_ms": 5000})
+    assert window_verdicts(records, 0, 20, with_e2e, no_itl) == [True, False]
+
+
 def test_goodput_counts_only_windows_that_held() -> None:
     rows = [
         {"status": "ok", "t_end": 5, "prompt_tokens": 900, "output_tokens": 100},

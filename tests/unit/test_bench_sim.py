@@ -217,3 +217,20 @@ def test_a_cpu_profile_without_a_fit_says_how_to_get_one(tmp_path, monkeypatch) 
     result = _bench("--results", str(tmp_path), profile="engine_configs/cpu-tiny.yaml")
     assert result.exit_code == 2
     assert "nightshift calibrate" in result.output
+
+
+def test_an_e2e_slo_is_added_to_the_slo_and_judges_every_scenario(tmp_path) -> None:
+    def chat_only(*slo: str) -> dict:
+        out = tmp_path / f"out{len(slo)}.json"
+        args = ("--duration", "300", "--docs", "0", "--scenarios", "chat-only", *slo)
+        result = _bench(*args, "--results", str(tmp_path), "--json", str(out))
+        assert result.exit_code == 0, result.output
+        return json.loads(out.read_text())
+
+    alone = chat_only()
+    e2e_p99 = alone["scenarios"]["chat-only"]["chat"]["e2e_ms"]["p99"]
+    tight = chat_only("--e2e-slo-ms", f"{e2e_p99 / 2:.0f}")
+    assert alone["slo"]["chat_e2e_p99_ms"] is None
+    assert tight["slo"]["chat_e2e_p99_ms"] == pytest.approx(e2e_p99 / 2, abs=1)
+    assert alone["scenarios"]["chat-only"]["chat"]["slo_windows_met"] == 1.0
+    assert tight["scenarios"]["chat-only"]["chat"]["slo_windows_met"] < 1.0
