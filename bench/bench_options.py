@@ -47,6 +47,7 @@ class BenchOptions:
     itl_slo_ms: float | None = None
     ttft_slo_ms: float | None = None
     e2e_slo_ms: float | None = None
+    section_tokens: int | None = None
     window_s: float | None = None
     scale: float | None = None
     static_sweep: tuple[tuple[int, int], ...] | None = None

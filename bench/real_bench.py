@@ -13,7 +13,7 @@ from pathlib import Path
 from bench.bench_options import RATE, WINDOW_S, BenchOptions, default_docs
 from bench.chat_load import ChatLoadSpec
 from bench.chat_sessions import ChatShape
-from bench.scenarios import BenchConfig, bench_paths, run_scenarios
+from bench.scenarios import BenchConfig, bench_paths, job_sections, run_scenarios
 from pipelines.config import PipelineConfig
 from pipelines.corpus_maker import CorpusSpec, make_corpus, write_corpus
 from scheduler.slo import SLO
@@ -75,11 +75,14 @@ def bench_config(config: EngineConfig, opts: RealOptions) -> BenchConfig:
         results=str(opts.results),
         **({"static_sweep": opts.static_sweep} if opts.static_sweep else {}),
         **({"budget_sweep": opts.budget_sweep} if opts.budget_sweep else {}),
-        pipeline=PipelineConfig(
-            max_model_len=int(config.flag("max-model-len", 32768)),
-            ignore_eos=config.model.local_name is not None,
-            section_summary_tokens=64,
-            final_summary_tokens=96,
+        pipeline=job_sections(
+            PipelineConfig(
+                max_model_len=int(config.flag("max-model-len", 32768)),
+                ignore_eos=config.model.local_name is not None,
+                section_summary_tokens=64,
+                final_summary_tokens=96,
+            ),
+            opts.section_tokens,
         ),
     )
 

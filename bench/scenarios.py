@@ -187,6 +187,9 @@ def run_scenarios(cfg: BenchConfig, replicas: list[tuple[str, str]], model: str,
             "fixed_ttft_ms": cfg.fixed_ttft_slo_ms,
             "e2e_ms": cfg.e2e_slo_ms,
         },
+        "section_tokens": (
+            cfg.pipeline.section_tokens if cfg.pipeline.mode == "map_reduce" else None
+        ),
         "run_ids": run_ids,
     }
     out["summary"] = summarize(scored, cfg, runs.get("controlled") or baseline, slo)
@@ -202,6 +205,12 @@ def record_judging_slo(results: str | Path, run_ids: Iterable[str], slo: SLO) ->
     for run_id in run_ids:
         directory = run_dir(results, run_id)
         write_meta(directory, replace(read_meta(directory), slo=slo.model_dump()))
+
+
+def job_sections(pipeline: PipelineConfig, section_tokens: int | None) -> PipelineConfig:
+    """The bench's job: documents whole (None), or in map-reduce sections of `section_tokens`
+    for every scenario but static-engine, which sweeps its own (`in_sections`)."""
+    return pipeline if section_tokens is None else in_sections(pipeline, section_tokens)
 
 
 def in_sections(pipeline: PipelineConfig, section_tokens: int) -> PipelineConfig:

@@ -87,6 +87,7 @@ def build(config: EngineConfig, opts: SimOptions) -> SimBench:
         slo=_slo(opts, gpu, window),
         slo_factor=opts.slo_factor,
         e2e_slo_ms=opts.e2e_slo_ms,
+        section_tokens=opts.section_tokens,
         window_s=window,
         controller=controller,
         results=str(opts.results),

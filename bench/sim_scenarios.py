@@ -105,6 +105,9 @@ class SimBench:
     """SLO = this × the chat-only p99s, when no SLO is given."""
     e2e_slo_ms: float | None = None
     """A chat E2E p99 target added to the SLO, given or derived (None: reported, not judged)."""
+    section_tokens: int | None = None
+    """The job's sections for every scenario but static-engine, which sweeps its own: map-reduce
+    in sections of this many tokens; None sends each document whole."""
     window_s: float = 15.0
     """SLO window of a derived SLO."""
     static_sweep: tuple[tuple[int, int], ...] = ((1, 512), (2, 1024), (4, 2048))
@@ -161,9 +164,10 @@ def run_sim_scenarios(bench: SimBench, progress: Callable[[str], None] | None = 
     del baseline_result
     runs: dict[str, SimScenario] = {"chat-only": baseline} if "chat-only" in bench.scenarios else {}
     sweeps: dict[str, dict[str, SimScenario]] = {}
+    job = ("whole", None) if bench.section_tokens is None else ("map", bench.section_tokens)
     for name in bench.scenarios:
         if name == "uncontrolled":
-            runs[name] = _run(bench, name, name, _policy(bench, "none", slo), slo, say, "whole")
+            runs[name] = _run(bench, name, name, _policy(bench, "none", slo), slo, say, job)
         elif name == "static-engine":
             sweeps[name] = {
                 f"static-engine-{s}x{c}": _run(
@@ -173,7 +177,6 @@ def run_sim_scenarios(bench: SimBench, progress: Callable[[str], None] | None = 
                     _policy(bench, "static", slo, s, chunk=c),
                     slo,
                     say,
-                    "map",
                 )  # fmt: skip
                 for s, c in bench.static_sweep
             }
@@ -183,10 +186,10 @@ def run_sim_scenarios(bench: SimBench, progress: Callable[[str], None] | None = 
                 ms = round(share * slo.chat_itl_p99_ms, 1)
                 key = f"static-budget-{seats}x{ms:g}ms"
                 fixed = _policy(bench, "budget", slo, seats, target_ms=ms)
-                sweeps[name][key] = _run(bench, key, name, fixed, slo, say, "whole")
+                sweeps[name][key] = _run(bench, key, name, fixed, slo, say, job)
         elif name == "controlled":
             ctrl = _policy(bench, "slo", slo)
-            runs[name] = _run(bench, name, name, ctrl, slo, say, "whole")
+            runs[name] = _run(bench, name, name, ctrl, slo, say, job)
     return _out(bench, slo, baseline, runs, sweeps)
 
 
@@ -210,6 +213,7 @@ def _out(bench: SimBench, slo: SLO, baseline: SimScenario, runs: dict, sweeps: d
         "bench_id": bench.bench_id,
         "scenarios": scored,
         "slo": slo.model_dump(),
+        "section_tokens": bench.section_tokens,
         "run_ids": {n: r.run_id for n, r in {"chat-only": baseline, **runs, **sweep}.items()},
     }
     out["summary"] = summarize(scored, bench, controlled, slo)
@@ -242,9 +246,10 @@ def _run(
     policy: AdmissionPolicy,
     slo: SLO,
     say: Callable[[str], None],
-    mode: str = "map",
+    batch: tuple[str, int | None] = ("map", None),
 ) -> SimScenario:
-    result = simulate_scenario(bench, name, policy, slo, docs=bench.base.batch.docs, mode=mode)
+    """One scenario, recorded as a run; `batch` is its documents' (mode, section tokens)."""
+    result = simulate_scenario(bench, name, policy, slo, bench.base.batch.docs, *batch)
     _write_run(bench, result, scenario, slo)
     say(_line(name, result.summary))
     return scenario_records(result, name)
@@ -257,16 +262,19 @@ def simulate_scenario(
     slo: SLO,
     docs: int,
     mode: str | None = None,
+    section_tokens: int | None = None,
 ) -> SimResult:
     """Scenario `name` of `bench`: the shared settings under its own run id, the SLO in force and
-    `docs` documents (whole or in sections: `mode`, default the base's), with `policy` deciding
-    for every replica."""
+    `docs` documents (whole or in sections: `mode` and `section_tokens`, default the base's),
+    with `policy` deciding for every replica."""
     data = bench.base.model_dump()
     data["run_id"] = f"{bench.bench_id}-{name}"
     data["slo"] = slo.model_dump()
     data["batch"]["docs"] = docs
     if mode is not None:
         data["batch"]["mode"] = mode
+    if section_tokens is not None:
+        data["batch"]["section_tokens"] = section_tokens
     return simulate(SimConfig.model_validate(data), bench.model, lambda _replica: policy)
 
 

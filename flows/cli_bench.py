@@ -80,6 +80,12 @@ def bench(
     ),
     results: Path = typer.Option(Path("results"), help="Where runs and reports go."),
     seed: int = typer.Option(0, help="Seed of the chat load and the corpus."),
+    section_tokens: int = typer.Option(
+        None,
+        min=1,
+        help="The job's sections: uncontrolled, static-budget and controlled send documents in "
+        "map-reduce sections of this many tokens (default: whole); static-engine sweeps its own.",
+    ),
     static_sweep: str = typer.Option(
         None,
         help="Static caps to sweep, SEATSxCHUNK,... (default 1x512,2x1024,4x2048; in "
@@ -135,6 +141,7 @@ def bench(
         seed=seed, rate=rate, latency_model=latency_model, docs=docs, min_tokens=min_tokens,
         max_tokens=max_tokens, slo_factor=slo_factor, itl_slo_ms=itl_slo_ms,
         ttft_slo_ms=ttft_slo_ms, e2e_slo_ms=e2e_slo_ms, window_s=window_s, scale=scale,
+        section_tokens=section_tokens,
         static_sweep=_parse_sweep(static_sweep), budget_sweep=_parse_budgets(budget_sweep),
     )  # fmt: skip
     try:

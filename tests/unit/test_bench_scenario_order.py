@@ -151,3 +151,18 @@ def test_each_run_records_the_slo_it_was_judged_by(tmp_path) -> None:
     scenarios.record_judging_slo(tmp_path, ["b-uncontrolled", "b-controlled"], judged)
     meta = read_meta(run_dir(tmp_path, "b-uncontrolled"))
     assert meta.slo == judged.model_dump() and meta.policy == "none"
+
+
+def test_the_jobs_sections_set_the_pipeline_every_scenario_but_static_engine_runs(tmp_path):
+    from bench.real_bench import RealOptions, bench_config
+    from serving.engine_config import load_engine_config
+
+    config = load_engine_config(CONFIG)
+    opts = RealOptions(engine_config=CONFIG, scenarios=("controlled",), duration=10.0,
+                       results=tmp_path, section_tokens=1024)  # fmt: skip
+    sections = bench_config(config, opts).pipeline
+    whole = bench_config(config, replace(opts, section_tokens=None)).pipeline
+    assert (sections.mode, sections.section_tokens) == ("map_reduce", 1024)
+    assert whole.mode != "map_reduce"
+    assert whole.model_dump() == {**sections.model_dump(), "mode": whole.mode,
+                                  "section_tokens": whole.section_tokens}  # fmt: skip

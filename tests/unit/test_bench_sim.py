@@ -234,3 +234,31 @@ def test_an_e2e_slo_is_added_to_the_slo_and_judges_every_scenario(tmp_path) -> N
     assert tight["slo"]["chat_e2e_p99_ms"] == pytest.approx(e2e_p99 / 2, abs=1)
     assert alone["scenarios"]["chat-only"]["chat"]["slo_windows_met"] == 1.0
     assert tight["scenarios"]["chat-only"]["chat"]["slo_windows_met"] < 1.0
+
+
+def test_the_jobs_sections_reach_every_scenario_but_static_engine(tmp_path) -> None:
+    from warehouse.run_files import read_table, run_dir
+
+    profile = load_profile(PROFILE, [])
+    base = sim_config(
+        profile.name,
+        engine=engine_params(profile),
+        chat=chat_workload(2.0, 1.0).model_dump(),
+        batch={"docs": 2, "doc_tokens": 20_000},
+        duration_s=60.0,
+    )
+    bench = SimBench(
+        base=base, model=step_model(profile, None), profile=profile.name, results=str(tmp_path),
+        scenarios=("chat-only", "static-engine", "controlled"), static_sweep=((2, 8192),),
+        slo=SLO(chat_itl_p99_ms=50, chat_ttft_p99_ms=1000, window_s=20), section_tokens=4096,
+    )  # fmt: skip
+    out = run_sim_scenarios(bench)
+    assert out["section_tokens"] == 4096
+
+    def longest_prompt(run_id: str) -> int:
+        rows = read_table(run_dir(tmp_path, run_id), "requests").to_pylist()
+        return max(r["prompt_tokens"] for r in rows if r["class"] == "batch")
+
+    sections, static = (longest_prompt(out["run_ids"][s]) for s in ("controlled", "static-engine"))
+    instruction = base.batch.instruction_tokens
+    assert sections <= 4096 + instruction < 8192 < static, (sections, static)
