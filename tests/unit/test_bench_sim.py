@@ -140,18 +140,21 @@ def test_every_run_reaches_the_warehouse_and_the_report(sim_run) -> None:
     assert "| controlled |" in stdout
 
 
-def test_scoring_matches_the_real_bench_on_the_same_records() -> None:
+def _one_minute(rate: float = 5.0, docs: int = 2, **bench) -> SimBench:
+    """A simulated minute of the 70B profile: chat at `rate`, `docs` 20k-token documents."""
     profile = load_profile(PROFILE, [])
     base = sim_config(
         profile.name,
         engine=engine_params(profile),
-        chat=chat_workload(5.0, 1.0).model_dump(),
-        batch={"docs": 2, "doc_tokens": 20_000},
+        chat=chat_workload(rate, 1.0).model_dump(),
+        batch={"docs": docs, "doc_tokens": 20_000},
         duration_s=60.0,
     )
-    bench = SimBench(
-        base=base, model=step_model(profile, None), profile=profile.name, results="unused"
-    )
+    return SimBench(base=base, model=step_model(profile, None), profile=profile.name, **bench)
+
+
+def test_scoring_matches_the_real_bench_on_the_same_records() -> None:
+    bench = _one_minute(results="unused")
     slo = SLO(chat_itl_p99_ms=50, chat_ttft_p99_ms=1000, window_s=20)
     result = simulate_scenario(bench, "uncontrolled", NoAdmissionControl(), slo, docs=2)
     run = scenario_records(result, "uncontrolled")
@@ -166,21 +169,8 @@ def test_scoring_matches_the_real_bench_on_the_same_records() -> None:
 
 
 def test_chat_only_derives_the_slo_when_none_is_given(tmp_path) -> None:
-    profile = load_profile(PROFILE, [])
-    base = sim_config(
-        profile.name,
-        engine=engine_params(profile),
-        chat=chat_workload(5.0, 1.0).model_dump(),
-        duration_s=60.0,
-    )
-    bench = SimBench(
-        base=base,
-        model=step_model(profile, None),
-        profile=profile.name,
-        scenarios=("chat-only",),
-        slo_factor=2.0,
-        window_s=30.0,
-        results=str(tmp_path),
+    bench = _one_minute(
+        docs=0, scenarios=("chat-only",), slo_factor=2.0, window_s=30.0, results=str(tmp_path)
     )
     out = run_sim_scenarios(bench)
     itl = out["scenarios"]["chat-only"]["chat"]["itl_ms"]["p99"]
@@ -239,18 +229,10 @@ def test_an_e2e_slo_is_added_to_the_slo_and_judges_every_scenario(tmp_path) -> N
 def test_the_jobs_sections_reach_every_scenario_but_static_engine(tmp_path) -> None:
     from warehouse.run_files import read_table, run_dir
 
-    profile = load_profile(PROFILE, [])
-    base = sim_config(
-        profile.name,
-        engine=engine_params(profile),
-        chat=chat_workload(2.0, 1.0).model_dump(),
-        batch={"docs": 2, "doc_tokens": 20_000},
-        duration_s=60.0,
-    )
-    bench = SimBench(
-        base=base, model=step_model(profile, None), profile=profile.name, results=str(tmp_path),
-        scenarios=("chat-only", "static-engine", "controlled"), static_sweep=((2, 8192),),
-        slo=SLO(chat_itl_p99_ms=50, chat_ttft_p99_ms=1000, window_s=20), section_tokens=4096,
+    bench = _one_minute(
+        rate=2.0, results=str(tmp_path), scenarios=("chat-only", "static-engine", "controlled"),
+        static_sweep=((2, 8192),), section_tokens=4096,
+        slo=SLO(chat_itl_p99_ms=50, chat_ttft_p99_ms=1000, window_s=20),
     )  # fmt: skip
     out = run_sim_scenarios(bench)
     assert out["section_tokens"] == 4096
@@ -260,5 +242,5 @@ def test_the_jobs_sections_reach_every_scenario_but_static_engine(tmp_path) -> N
         return max(r["prompt_tokens"] for r in rows if r["class"] == "batch")
 
     sections, static = (longest_prompt(out["run_ids"][s]) for s in ("controlled", "static-engine"))
-    instruction = base.batch.instruction_tokens
+    instruction = bench.base.batch.instruction_tokens
     assert sections <= 4096 + instruction < 8192 < static, (sections, static)
