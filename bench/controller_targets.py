@@ -49,8 +49,6 @@ BOUND_TARGET = 0.7
 TARGETS = {"steady": {"static-engine": 1.5, "static-budget": 1.1},
            "varying": {"static-engine": 2.0, "static-budget": 2.0}}  # fmt: skip
 """Controller / chosen static batch tokens/s, per load and baseline family."""
-MAP_MIN_SECTION = 1024
-"""Shortest map-reduce section of the static-engine sweep worth running."""
 
 
 @dataclass(frozen=True)

@@ -28,7 +28,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
-from bench.controller_targets import CHUNKS, MAP_MIN_SECTION, SEATS
+from bench.controller_targets import CHUNKS, SEATS
 from bench.scoring import (
     batch_prompts,
     batch_throughput,
@@ -62,9 +62,9 @@ SWEEPS = ("static-engine", "static-budget")
 
 @dataclass(frozen=True)
 class GpuDefaults:
-    """Settings a GPU profile gets when the command line leaves them out: the load and SLO of
-    issue 3's 70B/2×H100 workload, and the sweep and controller tuning bench/controller_targets.py
-    compared there. CPU profiles take the real benchmark's defaults instead."""
+    """Settings a GPU profile gets when the command line leaves them out: the load, SLO and
+    static sweep of the 70B/2×H100 workload bench/controller_targets.py measures. CPU profiles
+    take the real benchmark's defaults instead."""
 
     rate: float = 5.0
     """Chat requests per second."""
@@ -80,8 +80,6 @@ class GpuDefaults:
     """Chat TTFT p99 SLO."""
     static_sweep: tuple[tuple[int, int], ...] = tuple((s, c) for s in SEATS for c in CHUNKS)
     """Seats × section tokens of the static sweep."""
-    min_section_tokens: int = MAP_MIN_SECTION
-    """Smallest section (and cold-start section) the controller cuts."""
 
 
 GPU = GpuDefaults()
