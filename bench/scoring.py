@@ -13,6 +13,7 @@ that judge ITL take an optional `engine_itl(t0, t1) -> p99 ms`; without it they 
 from __future__ import annotations
 
 import math
+from bisect import bisect_left
 from collections.abc import Callable, Sequence
 
 from bench.serving_metrics import goodput, goodput_slos, request_latency
@@ -202,14 +203,18 @@ def bound_tokens_per_s(
     if not lengths:
         chunk = chunk_at(0)
         return free * chunk / step_s(chunk, 0) if chunk > 0 else 0.0
-    # One walk to the longest prompt; each prompt takes the walk's time to its own length.
-    elapsed, position, seconds = 0.0, 0, 0.0
+    # One walk in full chunks to the longest prompt; each prompt takes the walk's steps up to
+    # its own length and a last chunk cut to it, as it would prefilled alone. (Cutting the walk
+    # at every prompt's length would price steps of a few tokens no prompt runs.)
+    starts, ends = [0], [0.0]  # chunk start positions and the walk's time at each
+    while starts[-1] < lengths[-1]:
+        chunk = chunk_at(starts[-1])
+        if chunk <= 0:
+            return 0.0
+        ends.append(ends[-1] + step_s(chunk, starts[-1]))
+        starts.append(starts[-1] + chunk)
+    seconds = 0.0
     for length in lengths:
-        while position < length:
-            chunk = min(chunk_at(position), length - position)
-            if chunk <= 0:
-                return 0.0
-            elapsed += step_s(chunk, position)
-            position += chunk
-        seconds += elapsed
+        i = bisect_left(starts, length) - 1  # the chunk that ends the prompt starts at starts[i]
+        seconds += ends[i] + step_s(length - starts[i], starts[i])
     return free * sum(lengths) / seconds

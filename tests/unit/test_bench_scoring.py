@@ -154,6 +154,15 @@ def test_the_bound_walks_each_prompt_so_a_long_one_whole_bounds_lower_than_secti
     )
 
 
+def test_each_prompt_is_priced_as_if_prefilled_alone_whatever_the_other_lengths() -> None:
+    model = LatencyModel(s_per_token=1e-5, s_per_attention_unit=1e-8, overhead_s=0.005)
+    slo = SLO(chat_itl_p99_ms=60)
+    lengths = list(range(1000, 1200, 7))  # sections of many lengths, as map-reduce sends them
+    alone = [length / bound_tokens_per_s(model, slo, 4, 1000, 512, [length]) for length in lengths]
+    together = bound_tokens_per_s(model, slo, 4, 1000, 512, lengths)
+    assert together == pytest.approx(sum(lengths) / sum(alone))
+
+
 def test_chat_prompts_take_the_steps_they_fill_from_the_bound() -> None:
     from scheduler.step import PrefillChunk, StepBatch
 
