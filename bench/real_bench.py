@@ -10,6 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from pydantic import ValidationError
+
 from bench.bench_options import RATE, WINDOW_S, BenchOptions, default_docs
 from bench.chat_load import ChatLoadSpec
 from bench.chat_sessions import ChatShape
@@ -59,6 +61,17 @@ def bench_config(config: EngineConfig, opts: RealOptions) -> BenchConfig:
         CPU_SCALE if config.hardware.kind == "cpu" else 1.0
     )  # fmt: skip
     rate = RATE if opts.rate is None else opts.rate
+    pipeline = PipelineConfig(
+        max_model_len=int(config.flag("max-model-len", 32768)),
+        ignore_eos=config.model.local_name is not None,
+        section_summary_tokens=64,
+        final_summary_tokens=96,
+    )
+    try:
+        pipeline = job_sections(pipeline, opts.section_tokens)
+    except ValidationError as exc:  # checked before any replica starts, in the option's name
+        why = "; ".join(e["msg"].removeprefix("Value error, ") for e in exc.errors())
+        raise BenchInputError(f"--section-tokens {opts.section_tokens}: {why}") from None
     return BenchConfig(
         engine_config=str(opts.engine_config),
         corpus="",
@@ -75,15 +88,7 @@ def bench_config(config: EngineConfig, opts: RealOptions) -> BenchConfig:
         results=str(opts.results),
         **({"static_sweep": opts.static_sweep} if opts.static_sweep else {}),
         **({"budget_sweep": opts.budget_sweep} if opts.budget_sweep else {}),
-        pipeline=job_sections(
-            PipelineConfig(
-                max_model_len=int(config.flag("max-model-len", 32768)),
-                ignore_eos=config.model.local_name is not None,
-                section_summary_tokens=64,
-                final_summary_tokens=96,
-            ),
-            opts.section_tokens,
-        ),
+        pipeline=pipeline,
     )
 
 

@@ -18,6 +18,7 @@ OPTION_OF = {
     "chat.rate": "--rate",
     "batch.docs": "--docs",
     "batch.doc_tokens": "--doc-tokens",
+    "batch.section_tokens": "--section-tokens",
 }
 """The `bench` option behind each simulator setting `--sim` fills, for validation errors."""
 

@@ -166,3 +166,13 @@ def test_the_jobs_sections_set_the_pipeline_every_scenario_but_static_engine_run
     assert whole.mode != "map_reduce"
     assert whole.model_dump() == {**sections.model_dump(), "mode": whole.mode,
                                   "section_tokens": whole.section_tokens}  # fmt: skip
+
+
+def test_a_section_too_small_is_refused_by_its_option_before_any_replica_starts(tmp_path):
+    from bench.real_bench import BenchInputError, RealOptions, bench_config
+    from serving.engine_config import load_engine_config
+
+    opts = RealOptions(engine_config=CONFIG, scenarios=("controlled",), duration=10.0,
+                       results=tmp_path, section_tokens=10)  # fmt: skip
+    with pytest.raises(BenchInputError, match="--section-tokens 10: .*16"):
+        bench_config(load_engine_config(CONFIG), opts)
