@@ -188,23 +188,20 @@ class BudgetController:
             return "hold"  # the target did not bind: the window measured chat without it
         # Gaps shorter than the step that ran show headroom the target already allows.
         pressure = max(pressure, 1000 * ran_s / self.slo.chat_itl_p99_ms)
-        itl = obs.chat_itl_p99_s
-        tail = max(1.0, itl / ran_s) if itl and ran_s > 0 else 1.0  # chat's gaps over the step
-        grown = min(self._grown(ran_s, pressure, slack, tail),
+        grown = min(self._grown(ran_s, pressure, slack),
                     self._toward_break(state, obs, ran_s, pressure, slack))  # fmt: skip
         if grown > ran_s:
             state.target_s = grown
-            aimed = pressure + 1000 * (grown - ran_s) * tail / self.slo.chat_itl_p99_ms
-            state.changed(obs.t, grew=True, aimed=aimed)
+            state.changed(obs.t, grew=True, aimed=pressure * grown / ran_s)
             return "grow"
         return "hold"
 
-    def _grown(self, ran_s: float, pressure: float, slack: float, tail: float) -> float:
-        """The real step target after a slack window at `ran_s`: up by the headroom below the
-        slack mark over the window's tail (ITL p99 over step, >= 1), never past the ITL SLO, so
-        one growth brings chat's ITL p99 to the mark, not past it (docs/design.md §7.2)."""
-        ceiling = self.slo.chat_itl_p99_ms / 1000
-        return min(ceiling, ran_s + (slack - pressure) * ceiling / tail)
+    def _grown(self, ran_s: float, pressure: float, slack: float) -> float:
+        """The real step target after a slack window at `ran_s`: the pressure that binds priced
+        in proportion to the step, so one growth brings it to the slack mark, not past it, and
+        never past the ITL SLO (docs/design.md §7.2). For ITL that is its p99's headroom over the
+        window's tail; a TTFT or E2E pressure is priced by its own headroom, not by ITL's."""
+        return min(self.slo.chat_itl_p99_ms / 1000, ran_s * slack / pressure)
 
     def _toward_break(
         self, state: _Replica, obs: Observation, ran_s: float, pressure: float, slack: float
