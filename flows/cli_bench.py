@@ -8,7 +8,7 @@ from pathlib import Path
 
 import typer
 
-from flows.cli_engine import fail, load_config_or_exit
+from flows.cli_engine import fail, load_config_or_exit, slo_from_options
 from flows.cli_options import write_json
 
 OPTION_OF = {
@@ -127,10 +127,7 @@ def bench(
     from serving.paths import SetupError
     from simulator.config import explain
 
-    for option, ms in (("--itl-slo-ms", itl_slo_ms), ("--ttft-slo-ms", ttft_slo_ms),
-                       ("--e2e-slo-ms", e2e_slo_ms)):  # fmt: skip
-        if ms is not None and ms <= 0:
-            raise fail(f"{option} {ms:g}: give the p99 latency in milliseconds, above 0")
+    slo_from_options(itl_slo_ms, ttft_slo_ms, e2e_slo_ms)  # each given target checked, by name
     stop_on_sigterm()  # a supervisor's stop ends the bench as Ctrl-C does
     config = load_config_or_exit(engine_config)
     chosen = tuple(s.strip() for s in scenarios.split(",") if s.strip())

@@ -36,6 +36,23 @@ def fail(message: str, code: int = 2) -> typer.Exit:
     return typer.Exit(code)
 
 
+def slo_from_options(itl_ms: float | None, ttft_ms: float | None, e2e_ms: float | None):
+    """The SLO the three latency options give (defaults for those left out), or an exit naming
+    the option the SLO model refused: checked before a command starts anything."""
+    from pydantic import ValidationError
+
+    from scheduler.slo import SLO
+
+    given = {"chat_itl_p99_ms": ("--itl-slo-ms", itl_ms),
+             "chat_ttft_p99_ms": ("--ttft-slo-ms", ttft_ms),
+             "chat_e2e_p99_ms": ("--e2e-slo-ms", e2e_ms)}  # fmt: skip
+    try:
+        return SLO(**{field: ms for field, (_, ms) in given.items() if ms is not None})
+    except ValidationError as exc:  # the SLO model holds the rule; the error names the option
+        option, ms = given[exc.errors()[0]["loc"][0]]
+        raise fail(f"{option} {ms:g}: give the p99 latency in milliseconds, above 0") from None
+
+
 def load_config_or_exit(path: Path):
     from serving.engine_config import EngineConfigError, load_engine_config
 

@@ -8,9 +8,8 @@ import os
 from pathlib import Path
 
 import typer
-from pydantic import ValidationError
 
-from flows.cli_engine import fail, load_config_or_exit
+from flows.cli_engine import fail, load_config_or_exit, slo_from_options
 from serving.prometheus_selectors import DEFAULT_SELECTOR
 from serving.replica_auth import API_KEY_ENV
 
@@ -94,7 +93,6 @@ def run(
     from flows.nightly import default_pipeline, nightly_summarization
     from flows.prefect_server import tie_temporary_server
     from pipelines.ray_session import stop_on_sigterm
-    from scheduler.slo import SLO
     from serving.replica_targets import ReplicaLookupError, configured_fit
 
     config = load_config_or_exit(engine_config)
@@ -107,14 +105,7 @@ def run(
     urls = (replica_url or []) + _replica_file_urls(replica_file)
     run_id = run_id or _tonight(timezone)
     _check_inputs(corpus, engine_config, config, urls, run_id, results, policy, latency_model)
-    given = {"chat_itl_p99_ms": ("--itl-slo-ms", itl_slo_ms),
-             "chat_ttft_p99_ms": ("--ttft-slo-ms", ttft_slo_ms),
-             "chat_e2e_p99_ms": ("--e2e-slo-ms", e2e_slo_ms)}  # fmt: skip
-    try:
-        slo = SLO(**{field: ms for field, (_, ms) in given.items() if ms is not None})
-    except ValidationError as exc:  # the SLO model holds the rule; the error names the option
-        option, ms = given[exc.errors()[0]["loc"][0]]
-        raise fail(f"{option} {ms:g}: give the p99 latency in milliseconds, above 0") from None
+    slo = slo_from_options(itl_slo_ms, ttft_slo_ms, e2e_slo_ms)
     tie_temporary_server()  # a killed run leaves no Prefect server behind
     stop_on_sigterm()  # a supervisor's stop ends the run as Ctrl-C does
     out = nightly_summarization(
