@@ -6,8 +6,9 @@ step's chat load (`scheduler/step_budget.py`); this controller closes the loop a
 
 1. **Fail safe.** No fresh observation for `stale_after_s`: batch pauses; it never steers blind.
 2. **Feedback on chat's pressure**, the worst of window ITL, TTFT and E2E p99 over their SLOs:
-   above 1 the step is cut by `cut_factor`, below the slack mark it grows to it, in between it
-   holds. The mark is where one window in a hundred breaks the SLO, by the spread this replica's
+   above 1 the step is cut by `cut_factor`, or further where pressure in proportion to the
+   step needs it to end the break; below the slack mark it grows to it; in between it holds.
+   The mark is where one window in a hundred breaks the SLO, by the spread this replica's
    windows showed (`scheduler/pressure_spread.py`). One change per window: only windows that
    began after a change judge it, but a break right after a growth is cut at once. Growth needs
    a whole slack window in which the target bound, and stops short of a recent break.
@@ -174,7 +175,7 @@ class BudgetController:
         ran_s = state.sent_s * state.ratio  # the real step the window ran at
         if pressure > 1.0 and (after_change or state.grew_last):
             state.broke = (obs.t, ran_s, pressure)
-            state.target_s = ran_s * self.config.cut_factor
+            state.target_s = ran_s * min(self.config.cut_factor, 1 / pressure)
             state.changed(obs.t, grew=False)
             return "cut"
         if not after_change:

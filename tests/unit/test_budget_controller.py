@@ -49,6 +49,19 @@ def test_a_violation_cuts_at_the_next_decision():
     assert d.reason == "cut" and d.batch_step_target_ms == pytest.approx(before * 0.7)
 
 
+def test_a_break_far_over_the_slo_is_cut_to_where_the_proportional_model_ends_it():
+    """A cold start into an E2E SLO read 2.5x its SLO: cutting by `cut_factor` alone would take
+    three windows of breaks to get under it; one cut goes as far as the break says."""
+    c = BudgetController(SLO(chat_itl_p99_ms=50, chat_ttft_p99_ms=1000, chat_e2e_p99_ms=1500),
+                         MODEL, engine_slots=64)  # fmt: skip
+    before = c.decide(obs(0)).batch_step_target_ms
+    d = c.decide(obs(3, itl_ms=20, ttft_ms=300, chat_e2e_p99_s=3.75))
+    assert d.reason == "cut" and d.batch_step_target_ms == pytest.approx(before / 2.5)
+    mild = controller()
+    before = mild.decide(obs(0)).batch_step_target_ms
+    assert mild.decide(obs(3, itl_ms=55)).batch_step_target_ms == pytest.approx(before * 0.7)
+
+
 def test_after_a_cut_only_a_window_that_began_after_it_cuts_again():
     c = controller()
     c.decide(obs(0))
