@@ -179,7 +179,7 @@ def _decisions(shape: Shape, start: float, seats: np.ndarray) -> pa.Table:
             "chunk_tokens": np.select([flat >= 6, flat >= 3], [2048, 1024], 512),
             "pause": flat == 0,
             "predicted_step_ms": 20.0 + 4.0 * flat,
-            "reason": pa.array(np.where(flat == 0, "itl-violation", "hold")),
+            "reason": pa.array(np.where(flat == 0, "cut", "hold")),
         }
     )
 

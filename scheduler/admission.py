@@ -71,7 +71,7 @@ class Decision:
 
     `batch_seats`: batch sequences that may be in flight at once. `chunk_tokens`: the largest batch
     prompt section (and prefill chunk) to admit. `pause`: admit nothing new. `reason`: a short
-    machine-friendly word for the decisions table (`cold-start`, `grow`, `itl-violation`, ...).
+    machine-friendly word for the decisions table (`cold-start`, `cut`, `grow`, `hold`, ...).
     `prefill_budget_tokens`: the most batch prompt tokens that may await prefill on the replica
     at once (None: no such bound). Seats are decided every few seconds, but a prompt prefills in
     a fraction of a second: whoever admits checks this bound at every grant (`within_prefill_budget`), so

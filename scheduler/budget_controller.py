@@ -62,7 +62,7 @@ class BudgetControllerConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    cut_factor: float = Field(0.7, gt=0, lt=1, description="Step target kept on a violation.")
+    cut_factor: float = Field(0.7, gt=0, lt=1, description="Most of the target a cut keeps.")
     slack_fraction: float = Field(0.8, gt=0, lt=1, description="Chat pressure below this is "
         "slack, and the target grows, until the replica's windows have shown their spread.")  # fmt: skip
     max_seats: int = Field(64, ge=1, description="Most batch requests in flight per replica.")

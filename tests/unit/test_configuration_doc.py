@@ -75,7 +75,7 @@ def test_every_field_of_every_settings_model_has_a_row():
 
 def test_rows_carry_type_default_and_description():
     section = section_of(render_configuration(), BudgetControllerConfig)
-    assert "| `cut_factor` | `float`, > 0, < 1 | `0.7` | Step target kept on a violation. |" in (
+    assert "| `cut_factor` | `float`, > 0, < 1 | `0.7` | Most of the target a cut keeps. |" in (
         section
     )
     assert "| `name` | `str` | required |" in section_of(render_configuration(), EngineConfig)

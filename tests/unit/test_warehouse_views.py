@@ -132,7 +132,7 @@ def write_sample_run(results: Path, run_id: str = RUN, **meta_fields) -> list[Re
                 "replica": "r0",
                 "batch_seats": 2,
                 "chunk_tokens": 1024,
-                "reason": "itl-violation",
+                "reason": "cut",
             },
             {
                 "t": T0 + 20,
@@ -154,7 +154,7 @@ def write_sample_run(results: Path, run_id: str = RUN, **meta_fields) -> list[Re
                 "batch_seats": 0,
                 "chunk_tokens": 512,
                 "pause": True,
-                "reason": "itl-violation",
+                "reason": "cut",
             },
         ],
         run_id=run_id,
