@@ -278,7 +278,8 @@ def _start_gate(spec: JobSpec, engine: EngineConfig, journal: Path):
 
     marks = {}
     if spec.policy == "slo":  # a replica's spread outlives a run (`pipelines/slack_marks.py`)
-        marks = last_slack_marks(spec.results, engine.name, [name for name, _ in spec.replicas])
+        names = [name for name, _ in spec.replicas]
+        marks = last_slack_marks(spec.results, engine.name, names, spec.slo.model_dump())
         if marks:
             log.info("run %s: slack marks earlier runs left: %s", spec.run_id, marks)
     # ITL from the engine's histogram even where chat streams its gaps to the Gate: that is what
