@@ -6,22 +6,20 @@ step's chat load (`scheduler/step_budget.py`); this controller closes the loop a
 
 1. **Fail safe.** No fresh observation for `stale_after_s`: batch pauses; it never steers blind.
 2. **Feedback on chat's pressure**, the worst of window ITL, TTFT and E2E p99 over their SLOs:
-   above 1 the step is cut by `cut_factor`, or further where pressure in proportion to the
-   step needs it to end the break; below the slack mark it grows to it; in between it holds.
-   The mark is where one window in a hundred breaks the SLO, by the spread this replica's
-   windows showed (`scheduler/pressure_spread.py`). One change per window: only windows that
-   began after a change judge it, but a break right after a growth is cut at once. Growth needs
-   a whole slack window in which the target bound, and stops short of a recent break.
+   above 1 the step is cut by `cut_factor`, or as far as pressure in proportion to the step
+   says ends the break; below the slack mark (where one window in a hundred breaks the SLO, by
+   the spread of this replica's windows: `scheduler/pressure_spread.py`) it grows toward it,
+   short of a recent break; in between it holds. One change per window: only windows that began
+   after a change judge it, but a break right after a growth is cut at once. Growth needs a whole
+   slack window in which the target bound.
 3. **Model correction.** The target sent is the real one over the smoothed measured/modelled
-   time of the plug-in's batch steps; between changes it only falls. The first measurement (the
-   engine's record since it started, where it has one) is taken whole and re-aims the cold
-   start, unjudged. It is the only correction: the plug-in sizes to the model as sent.
-4. **Seats and KV.** The batch decodes a step can carry fit `DECODE_SHARE` of the target, chat
-   keeps `chat_slot_share` of the engine's slots, and a whole document is admitted only while
-   it fits under `kv_high_water` beside everything committed, chat's cached histories included
+   time of the plug-in's batch steps, and between changes only falls. The first measurement (the
+   engine's whole record, where it has one) re-aims the cold start, unjudged.
+4. **Seats and KV.** Batch decodes fit `DECODE_SHARE` of the target, chat keeps
+   `chat_slot_share` of the engine's slots, and a whole document is admitted only while it fits
+   under `kv_high_water` beside everything committed, chat's cached histories included
    (`scheduler/chat_cache.py`): never preempted, never evicting what chat comes back to.
-5. **Idle steps.** With no chat in the engine the plug-in sizes to the idle target, which the
-   same feedback moves.
+5. **Idle steps.** With no chat in the engine the plug-in sizes to an idle target feedback moves.
 
 State is per replica (one object serves a fleet); no clock is read: time is `Observation.t`.
 """
@@ -46,12 +44,10 @@ DECODE_SHARE = 0.5
 """Share of the step target batch decodes may fill: the rest stays for batch prefill chunks."""
 IDLE_TTFT_SHARE = 0.25
 """TTFT SLO share a step may last with no chat in the engine: what a chat arriving then waits."""
-ITL_QUANTILE = 0.99
-"""The quantile of chat's token gaps the ITL SLO is stated at."""
+ITL_QUANTILE = 0.99  # the quantile of chat's token gaps the ITL SLO is stated at
 BREAK_MEMORY_WINDOWS = 4
 """Windows after a cut in which the step that broke bounds growth (chat's load holds minutes)."""
-RATIO_SMOOTHING = 0.3
-"""Weight of a new measured/predicted step ratio in the running estimate."""
+RATIO_SMOOTHING = 0.3  # weight of a new measured/predicted step ratio in the running estimate
 RATIO_BOUNDS = (0.25, 4.0)
 """Past 4x off either way the model describes another machine: steer on feedback alone."""
 NO_SECTION_CAP = 1 << 30  # `Decision.chunk_tokens`: the engine caps each step, not the admitter
@@ -67,9 +63,7 @@ class BudgetControllerConfig(BaseModel):
         "slack, and the target grows, until the replica's windows have shown their spread.")  # fmt: skip
     max_seats: int = Field(64, ge=1, description="Most batch requests in flight per replica.")
     chat_slot_share: float = Field(0.5, ge=0, lt=1, description="max-num-seqs share kept for chat.")
-    kv_high_water: float = Field(
-        0.9, gt=0, le=1, description="KV share batch admission stays under."
-    )
+    kv_high_water: float = Field(0.9, gt=0, le=1, description="KV share batch stays under.")
     stale_after_s: float = Field(15.0, gt=0, description="Longest gap between fresh observations.")
     chat_cache_horizon_s: float = Field(60.0, ge=0, description="Chat histories cached this "
         "recently keep their KV from batch (99% of next turns come within it; 0: none kept).")  # fmt: skip
@@ -77,12 +71,12 @@ class BudgetControllerConfig(BaseModel):
 
 @dataclass
 class _Replica:
-    """What the controller remembers about one replica between decisions."""
+    """What the controller remembers about one replica; the spread and ratio outlive restarts."""
 
-    target_s: float  # the real step time decided at the last change
-    sent_s: float  # what the engine enforces: target_s / ratio at the change, lowered since only
-    changed_t: float
     spread: PressureSpread
+    target_s: float = 0.0  # the real step time decided at the last change
+    sent_s: float = 0.0  # what the engine enforces: target_s / ratio at the change, lowered since
+    changed_t: float = 0.0
     grew_last: bool = True  # a violation then cuts at once (a cold start counts as a growth)
     ratio: float = 1.0  # the plug-in's measured/predicted step time, smoothed
     ratio_measured: bool = False  # until a batch step is measured, 1.0 is the fit's word only
@@ -93,6 +87,10 @@ class _Replica:
     def changed(self, t: float, grew: bool, aimed: float | None = None) -> None:
         self.changed_t, self.grew_last, self.pressed_t = t, grew, None
         self.spread.target_changed(aimed)
+
+    def restart(self, t: float, target_s: float) -> None:
+        self.target_s, self.sent_s, self.broke = target_s, target_s, None
+        self.changed(t, grew=True)
 
 
 class BudgetController:
@@ -120,17 +118,14 @@ class BudgetController:
         """The batch step target, seats and KV room for `obs.replica` until the next decision."""
         state = self.states.get(obs.replica)
         if not obs.fresh:
-            return Decision(0, NO_SECTION_CAP, pause=True, reason="stale",
-                            batch_step_target_ms=0.0,
+            return Decision(0, NO_SECTION_CAP, pause=True, reason="stale", batch_step_target_ms=0.0,
                             chat_cache_horizon_s=self.config.chat_cache_horizon_s)  # fmt: skip
         cold = state is None or obs.t - state.last_fresh_t > self.config.stale_after_s
-        if cold:  # the target restarts; the spread and step ratio are the replica's, and stay
-            target = COLD_START_SHARE * self.slo.chat_itl_p99_ms / 1000
-            mark = self.slack_marks.get(obs.replica, self.config.slack_fraction)
-            spread = state.spread if state else PressureSpread.from_slack(mark)
-            spread.target_changed()
-            kept = {"ratio": state.ratio, "ratio_measured": state.ratio_measured} if state else {}
-            state = self.states[obs.replica] = _Replica(target, target, obs.t, spread, **kept)
+        if cold:
+            if state is None:
+                mark = self.slack_marks.get(obs.replica, self.config.slack_fraction)
+                state = self.states[obs.replica] = _Replica(PressureSpread.from_slack(mark))
+            state.restart(obs.t, COLD_START_SHARE * self.slo.chat_itl_p99_ms / 1000)
         first_measure = self._correct_model(state, obs)
         if first_measure and not cold:  # the steps so far ran at the fit's word: re-aim, unjudged
             state.changed(obs.t, grew=False)
@@ -141,7 +136,6 @@ class BudgetController:
         return Decision(
             batch_seats=self._seats(state, obs),
             chunk_tokens=NO_SECTION_CAP,
-            pause=False,
             reason=reason,
             predicted_step_ms=1000 * state.sent_s * state.ratio,
             batch_step_target_ms=1000 * state.sent_s,
@@ -151,8 +145,6 @@ class BudgetController:
             slack_mark=state.spread.slack_mark(),
             tail_scale=False,
         )
-
-    # -- feedback ---------------------------------------------------------------------------
 
     def pressure(self, obs: Observation) -> float | None:
         """The worst of chat's window p99s over their SLOs; None when the window held no chat."""
@@ -183,13 +175,15 @@ class BudgetController:
         if pressure >= slack:
             state.pressed_t = obs.t
             return "hold"
-        if state.pressed_t is not None and obs.t - state.pressed_t < (obs.window_s or 0.0):
-            return "hold"  # a pressed window at this target, and not yet a whole slack one since
-        if not binding:
-            return "hold"  # the target did not bind: the window measured chat without it
-        # Gaps shorter than the step that ran show headroom the target already allows.
+        pressed = state.pressed_t is not None and obs.t - state.pressed_t < (obs.window_s or 0.0)
+        if pressed or not binding:  # not a whole slack window since, or chat ran without the target
+            return "hold"
+        # Gaps shorter than the step that ran show headroom the target already allows. The
+        # pressure that binds is priced in proportion to the step, so one growth brings it to the
+        # slack mark, never past the ITL SLO (§7.2) or a recent break (§7.3); a TTFT or E2E
+        # pressure by its own headroom, not by ITL's.
         pressure = max(pressure, 1000 * ran_s / self.slo.chat_itl_p99_ms)
-        grown = min(self._grown(ran_s, pressure, slack),
+        grown = min(self.slo.chat_itl_p99_ms / 1000, ran_s * slack / pressure,
                     self._toward_break(state, obs, ran_s, pressure, slack))  # fmt: skip
         if grown > ran_s:
             state.target_s = grown
@@ -197,57 +191,42 @@ class BudgetController:
             return "grow"
         return "hold"
 
-    def _grown(self, ran_s: float, pressure: float, slack: float) -> float:
-        """The real step target after a slack window at `ran_s`: the pressure that binds priced
-        in proportion to the step, so one growth brings it to the slack mark, not past it, and
-        never past the ITL SLO (docs/design.md §7.2). For ITL that is its p99's headroom over the
-        window's tail; a TTFT or E2E pressure is priced by its own headroom, not by ITL's."""
-        return min(self.slo.chat_itl_p99_ms / 1000, ran_s * slack / pressure)
-
     def _toward_break(
         self, state: _Replica, obs: Observation, ran_s: float, pressure: float, slack: float
     ) -> float:
         """Where the line through (`ran_s`, `pressure`) and the last break, if recent and above
         on both axes, meets the slack mark: pressure is convex in the step, so growth settles on
         the mark from below (§7.3); infinity otherwise."""
-        if state.broke is None:
-            return math.inf
-        t, broke_s, broke_p = state.broke
+        t, broke_s, broke_p = state.broke or (-math.inf, 0.0, 0.0)
         lapsed = obs.t - t > BREAK_MEMORY_WINDOWS * (obs.window_s or 0.0)
         if lapsed or broke_s <= ran_s or broke_p <= pressure:
             return math.inf
         slope = (broke_p - pressure) / (broke_s - ran_s)
         return ran_s + (slack - pressure) / slope
 
-    def _idle_target_ms(self, state: _Replica) -> float | None:
+    def _idle_target_ms(self, state: _Replica) -> float:
         """The target with no chat in the engine: `IDLE_TTFT_SHARE` of the TTFT SLO at a target
-        of the ITL SLO, in proportion below, so feedback moves both (None: no TTFT SLO)."""
-        ttft = self.slo.chat_ttft_p99_ms
-        if ttft is None:
-            return None
-        return 1000 * state.sent_s * max(1.0, IDLE_TTFT_SHARE * ttft / self.slo.chat_itl_p99_ms)
+        of the ITL SLO, in proportion below, so feedback moves both."""
+        idle_share = IDLE_TTFT_SHARE * self.slo.chat_ttft_p99_ms / self.slo.chat_itl_p99_ms
+        return 1000 * state.sent_s * max(1.0, idle_share)
 
     def _correct_model(self, state: _Replica, obs: Observation) -> bool:
         """Fold in the plug-in's measured/modelled batch step time; True for the first one, which
         is the engine's whole record where it has one (earlier runs' steps, not one window's)."""
-        r = obs.step_time_ratio
-        if not state.ratio_measured and obs.engine_step_time_ratio is not None:
+        first, r = not state.ratio_measured, obs.step_time_ratio
+        if first and obs.engine_step_time_ratio is not None:
             r = obs.engine_step_time_ratio
         if r is None or not math.isfinite(r) or r <= 0:
             return False
         r = min(max(r, RATIO_BOUNDS[0]), RATIO_BOUNDS[1])
-        first = not state.ratio_measured
         state.ratio += (1.0 if first else RATIO_SMOOTHING) * (r - state.ratio)
         state.ratio_measured = True
         return first
 
-    # -- seats and KV -------------------------------------------------------------------------
-
     def _seats(self, state: _Replica, obs: Observation) -> int:
         """One seat more than in flight while the decodes that can share a step fit
         `DECODE_SHARE` of the target: chat's, batch's decoding now and the next prefill to end
-        (the plug-in grants prefill chunks in the engine's order, so prefills end one after
-        another; a whole document's prefill outlasts its summary's decode)."""
+        (the plug-in grants prefill chunks in the engine's order, so prefills end in turn)."""
         cfg, in_flight, cap = self.config, obs.batch_in_flight, self.config.max_seats
         if self.engine_slots is not None:
             cap = min(cap, max(1, int(self.engine_slots * (1 - cfg.chat_slot_share))))

@@ -1,28 +1,24 @@
 """How much chat's window pressure varies at one batch step target: the margin growth keeps.
 
-The controller grows the step target while chat's pressure (its window p99s over their SLOs) is
-below the slack mark, and holds above it. Windows at one target do not read alike: chat's mix and
-arrivals, the documents in flight and, on a shared host, other processes move a window's p99 with
-no change of target. The slack mark is the margin for that spread, and how wide it must be is a
-property of the replica, not a constant: a GPU whose p99 is read over thousands of steps a window
-varies by a few percent, a 2-core CPU host running its own clients by ten or more.
+Windows at one target do not read alike: chat's mix and arrivals, the documents in flight and, on
+a shared host, other processes move a window's p99 with no change of target. How wide a margin
+that needs is a property of the replica, not a constant (a GPU's p99 read over thousands of steps
+varies by a few percent, a 2-core CPU host running its own clients by ten or more), so it is
+measured, as the deviation of a window from what the controller expected of it:
 
-So the spread is measured, as the deviation of a window from what the controller expected of it.
-Between two windows at the same target that do not overlap, the change of log pressure is noise
-alone; its square over two is a sample of the variance of one window's log pressure about the
-level the target sets (the two are independent draws). After a growth, which sizes the new target
-to bring chat's pressure to a level it aims at, the first window that shows the new target (or a
-break right after the growth) deviates from that aim by the noise and by the growth's own error:
-its squared log deviation is a sample too, and it is the one that counts where the controller
-grows from nearly every window and seldom holds long enough to pair two. The slack mark is then
-where the next window goes over the SLO with odds of one in a hundred:
+- two windows at the same target that do not overlap are independent draws about the level the
+  target sets: half the square of their log-pressure difference samples one window's variance;
+- the first window to show a growth's target deviates from the pressure the growth aimed at by
+  the noise and the growth's own error: its squared log deviation is a sample too (it is the one
+  that counts where the controller grows from nearly every window and seldom holds two).
 
-    slack = exp(-MISS_Z * sigma)
+The slack mark is where the next window breaks the SLO with odds of one in a hundred:
+`slack = exp(-MISS_Z * sigma)`.
 
-Invariant: `slack_mark()` is in (0, 1); before any sample it is the prior the operator
-configured, and each sample moves the running variance by `SPREAD_WEIGHT` of its error, so a
-replica whose noise changes (a busier host, a new chat mix) is followed within a few windows.
-Pure and clock-agnostic: the caller passes each window's end and start.
+Invariant: `slack_mark()` is in (0, 1); before any sample it is the operator's prior, and each
+sample moves the running variance by `SPREAD_WEIGHT` of its error, so a replica whose noise
+changes (a busier host, a new chat mix) is followed within a few windows. Pure and
+clock-agnostic: the caller passes each window's end and start.
 """
 
 from __future__ import annotations
