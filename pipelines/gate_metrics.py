@@ -30,6 +30,7 @@ CHAT_HISTOGRAMS = {
         "nightshift_chat_e2e_seconds",
         "Chat time from arrival to last token, in the engine.",
     ),
+    "chat_answer_tokens": ("nightshift_chat_answer_tokens", "Chat answer lengths, in tokens."),
 }
 """Status document key -> exported histogram name and help."""
 

@@ -63,6 +63,9 @@ class Observation:
     chat_cache_tokens: int | None = None
     """Chat's prefix-cache working set: KV tokens chat left cached within the decision's
     `chat_cache_horizon_s` and not held again since (`scheduler/chat_cache.py`; None: not counted)."""
+    chat_answer_tokens_p99: float | None = None
+    """The p99 length, in tokens, of the chat answers the engine has finished since it started
+    (None: none yet, or not counted)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -6,12 +6,12 @@ step's chat load (`scheduler/step_budget.py`); this controller closes the loop a
 
 1. **Fail safe.** No fresh observation for `stale_after_s`: batch pauses; it never steers blind.
 2. **Feedback on chat's pressure**, the worst of window ITL, TTFT and E2E p99 over their SLOs:
-   above 1 the step is cut by `cut_factor`, or as far as pressure in proportion to the step
-   says ends the break; below the slack mark (where one window in a hundred breaks the SLO, by
-   the spread of this replica's windows: `scheduler/pressure_spread.py`) it grows toward it,
-   short of a recent break; in between it holds. One change per window: only windows that began
-   after a change judge it, but a break right after a growth is cut at once. Growth needs a whole
-   slack window in which the target bound.
+   above 1 a cut (by `cut_factor`, or as far as the break needs); below the slack mark (one
+   window in a hundred over the SLO, by this replica's spread: `scheduler/pressure_spread.py`)
+   a growth toward it, short of a recent break; in between a hold. Only windows that began after
+   a change judge it (a break right after a growth is cut at once), and growth needs a whole
+   slack window in which the target bound. The target never passes the ceiling chat's SLOs set
+   (the ITL SLO; an E2E SLO over chat's p99 answer length) and starts cold at half of it.
 3. **Model correction.** The target sent is the real one over the smoothed measured/modelled
    time of the plug-in's batch steps, and between changes only falls. The first measurement (the
    engine's whole record, where it has one) re-aims the cold start, unjudged.
@@ -39,7 +39,7 @@ from scheduler.slo import SLO
 from scheduler.step import StepBatch, StepTimeModel
 
 COLD_START_SHARE = 0.5
-"""Real step target before any feedback, as a share of the ITL SLO: room on both sides."""
+"""Real step target before any feedback, as a share of the ceiling: room on both sides."""
 DECODE_SHARE = 0.5
 """Share of the step target batch decodes may fill: the rest stays for batch prefill chunks."""
 IDLE_TTFT_SHARE = 0.25
@@ -50,6 +50,7 @@ BREAK_MEMORY_WINDOWS = 4
 RATIO_SMOOTHING = 0.3  # weight of a new measured/predicted step ratio in the running estimate
 RATIO_BOUNDS = (0.25, 4.0)
 """Past 4x off either way the model describes another machine: steer on feedback alone."""
+CHANGES = ("cold-start", "ceiling", "cut", "grow")  # the reasons that set a new target
 NO_SECTION_CAP = 1 << 30  # `Decision.chunk_tokens`: the engine caps each step, not the admitter
 
 
@@ -120,19 +121,26 @@ class BudgetController:
         if not obs.fresh:
             return Decision(0, NO_SECTION_CAP, pause=True, reason="stale", batch_step_target_ms=0.0,
                             chat_cache_horizon_s=self.config.chat_cache_horizon_s)  # fmt: skip
+        ceiling = self._ceiling_s(obs)
         cold = state is None or obs.t - state.last_fresh_t > self.config.stale_after_s
         if cold:
             if state is None:
                 mark = self.slack_marks.get(obs.replica, self.config.slack_fraction)
                 state = self.states[obs.replica] = _Replica(PressureSpread.from_slack(mark))
-            state.restart(obs.t, COLD_START_SHARE * self.slo.chat_itl_p99_ms / 1000)
+            state.restart(obs.t, COLD_START_SHARE * ceiling)
         first_measure = self._correct_model(state, obs)
         if first_measure and not cold:  # the steps so far ran at the fit's word: re-aim, unjudged
             state.changed(obs.t, grew=False)
-        reason = "cold-start" if cold or first_measure else self._feedback(state, obs)
+        if cold or first_measure:
+            reason = "cold-start"
+        elif state.target_s > ceiling:  # chat's answers, newly counted or longer, bound the step
+            state.target_s, reason = ceiling, "ceiling"
+            state.changed(obs.t, grew=False)
+        else:
+            reason = self._feedback(state, obs, ceiling)
         state.last_fresh_t = obs.t
         sent = state.target_s / state.ratio  # between changes the target sent only falls
-        state.sent_s = sent if reason in ("cold-start", "cut", "grow") else min(state.sent_s, sent)
+        state.sent_s = sent if reason in CHANGES else min(state.sent_s, sent)
         return Decision(
             batch_seats=self._seats(state, obs),
             chunk_tokens=NO_SECTION_CAP,
@@ -146,16 +154,20 @@ class BudgetController:
             tail_scale=False,
         )
 
-    def pressure(self, obs: Observation) -> float | None:
-        """The worst of chat's window p99s over their SLOs; None when the window held no chat."""
-        slo, o = self.slo, obs
+    def _ceiling_s(self, obs: Observation) -> float:
+        """The longest real step chat's SLOs allow at the target: the ITL SLO (each such step is
+        a gap that long) and, with an E2E SLO, the step at which chat's p99 answer, a token a
+        step, takes all of it."""
+        itl_s, e2e_ms = self.slo.chat_itl_p99_ms / 1000, self.slo.chat_e2e_p99_ms
+        if e2e_ms is None or obs.chat_answer_tokens_p99 is None:
+            return itl_s
+        return min(itl_s, e2e_ms / 1000 / max(1.0, obs.chat_answer_tokens_p99))
+
+    def _feedback(self, state: _Replica, obs: Observation, ceiling: float) -> str:
+        slo, o = self.slo, obs  # pressure: the worst window p99 over its SLO (0: no chat)
         measured = ((o.chat_itl_p99_s, slo.chat_itl_p99_ms), (o.chat_ttft_p99_s, slo.chat_ttft_p99_ms),
                     (o.chat_e2e_p99_s, slo.chat_e2e_p99_ms))  # fmt: skip
-        ratios = [1000 * v / ms for v, ms in measured if v is not None and ms is not None]
-        return max(ratios, default=None)
-
-    def _feedback(self, state: _Replica, obs: Observation) -> str:
-        pressure = self.pressure(obs) or 0.0  # no chat in the window: nothing to protect
+        pressure = max((1000 * v / ms for v, ms in measured if v is not None and ms), default=0.0)
         after_change = obs.window_s is None or obs.t - obs.window_s >= state.changed_t
         bound = obs.target_bound_share
         binding = bound is None or bound > 1 - ITL_QUANTILE  # else chat ran without the target
@@ -180,10 +192,10 @@ class BudgetController:
             return "hold"
         # Gaps shorter than the step that ran show headroom the target already allows. The
         # pressure that binds is priced in proportion to the step, so one growth brings it to the
-        # slack mark, never past the ITL SLO (§7.2) or a recent break (§7.3); a TTFT or E2E
+        # slack mark, never past the ceiling (§7.2) or a recent break (§7.3); a TTFT or E2E
         # pressure by its own headroom, not by ITL's.
         pressure = max(pressure, 1000 * ran_s / self.slo.chat_itl_p99_ms)
-        grown = min(self.slo.chat_itl_p99_ms / 1000, ran_s * slack / pressure,
+        grown = min(ceiling, ran_s * slack / pressure,
                     self._toward_break(state, obs, ran_s, pressure, slack))  # fmt: skip
         if grown > ran_s:
             state.target_s = grown

@@ -53,6 +53,15 @@ def window_figures(newer: dict, older: dict) -> dict:
     }
 
 
+def engine_answer_tokens_p99(doc: dict) -> float | None:
+    """The p99 length of every chat answer the engine has finished since it started (None before
+    the first, or from a plug-in that does not count them): chat's own shape, which moves slowly,
+    read over more answers than one window holds."""
+    if "chat_answer_tokens" not in doc:
+        return None
+    return histogram_quantile(status_histogram(doc, "chat_answer_tokens"), 0.99)
+
+
 def engine_step_ratio(doc: dict) -> float | None:
     """Measured over modelled time of every batch step the engine has timed since it started (None
     before the first): what the model is off by on this host, known before this run's first step."""
@@ -120,6 +129,7 @@ class PluginStatusSensor:
             history.append(doc)
         newest, start = history[-1], self._start(history)
         lifetime = {"engine_step_time_ratio": engine_step_ratio(newest),
+                    "chat_answer_tokens_p99": engine_answer_tokens_p99(newest),
                     "chat_cache_tokens": newest.get("chat_cache_tokens")}  # fmt: skip
         if start is None:  # one document: no window yet, but the engine's record already stands
             return Observation(t=t, replica=name, **lifetime)

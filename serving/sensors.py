@@ -429,6 +429,7 @@ def _merge(obs: Observation, timed: Observation | None, itl_from_state: bool) ->
         engine_step_time_ratio=_first(timed.engine_step_time_ratio, obs.engine_step_time_ratio),
         target_bound_share=_first(timed.target_bound_share, obs.target_bound_share),
         chat_cache_tokens=_first(timed.chat_cache_tokens, obs.chat_cache_tokens),
+        chat_answer_tokens_p99=_first(timed.chat_answer_tokens_p99, obs.chat_answer_tokens_p99),
         step_samples_s=steps,
         window_s=_widest(obs.window_s, timed.window_s),
     )

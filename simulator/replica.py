@@ -127,6 +127,9 @@ class Replica:
         iv.chat_gaps.extend(outcome.chat_gaps)
         iv.chat_ttfts.extend(now - r.arrival for r in outcome.first_tokens if r.cls == "chat")
         iv.chat_e2es.extend(now - r.arrival for r in outcome.finished if r.cls == "chat")
+        self.sensor.chat_answer_tokens.extend(
+            r.output_tokens for r in outcome.finished if r.cls == "chat"
+        )
         return outcome
 
     @property

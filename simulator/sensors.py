@@ -2,7 +2,8 @@
 
 Samples are kept per control interval; an observation merges the last few intervals (the sensor
 window). ITL p99 is token-weighted (one sample per streamed chat token), TTFT and end-to-end p99
-request-weighted.
+request-weighted. Chat's answer lengths are kept over the whole run, as the plug-in counts them
+since its engine started.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ class ReplicaSensor:
     def __init__(self, intervals_per_window: int) -> None:
         self.window: deque[Interval] = deque(maxlen=max(1, intervals_per_window))
         self.current = Interval()
+        self.chat_answer_tokens: list[int] = []
 
     def observe(
         self,
@@ -82,6 +84,7 @@ class ReplicaSensor:
             target_bound_share=bound / steps if step_time_ratio is not None and steps else None,
             window_s=t - self.window[0].t_start,
             chat_cache_tokens=chat_cache_tokens,
+            chat_answer_tokens_p99=_p99(self.chat_answer_tokens),
         )
 
 

@@ -304,6 +304,7 @@ class _Plugin:
             if req.is_finished():
                 del self.last_token[req.request_id]
                 self.status.chat_e2e.observe(max(0.0, wall - req.arrival_time))
+                self.status.chat_answer_tokens.observe(req.num_output_tokens)
         drained = sched.get_num_unfinished_requests() == 0
         if self.status.maybe_write(now, self.control_fields, drained):
             for rid in [r for r in self.last_token if r not in sched.requests]:

@@ -51,6 +51,8 @@ TTFT_BOUNDS_S = (
 """Chat TTFT bucket bounds (seconds): fine from 10 ms to 2.5 s."""
 E2E_BOUNDS_S = (*_geometric(0.05, 120.0, BUCKET_RESOLUTION), 300.0, 900.0)
 """Chat end-to-end bucket bounds (seconds): fine from 50 ms to 2 minutes."""
+ANSWER_BOUNDS_TOKENS = _geometric(1.0, 65536.0, BUCKET_RESOLUTION)
+"""Chat answer length bucket bounds (tokens)."""
 WRITE_EVERY_S = 1.0
 
 
@@ -142,6 +144,7 @@ class EngineStatus:
         self.chat_itl = Buckets(GAP_BOUNDS_S)
         self.chat_ttft = Buckets(TTFT_BOUNDS_S)
         self.chat_e2e = Buckets(E2E_BOUNDS_S)
+        self.chat_answer_tokens = Buckets(ANSWER_BOUNDS_TOKENS)
         self._last_write = 0.0
         self.errors = 0
         self.last_batch_prefill_at: float | None = None
@@ -193,6 +196,7 @@ class EngineStatus:
             "chat_itl_seconds": self.chat_itl.to_dict(),
             "chat_ttft_seconds": self.chat_ttft.to_dict(),
             "chat_e2e_seconds": self.chat_e2e.to_dict(),
+            "chat_answer_tokens": self.chat_answer_tokens.to_dict(),
             "last_batch_prefill_at": self.last_batch_prefill_at,
             "plugin_errors": self.errors,
         }

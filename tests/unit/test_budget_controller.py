@@ -367,3 +367,39 @@ def test_a_replica_starts_at_the_mark_an_earlier_run_left_and_grows_to_it():
     assert grown.reason == "grow" and grown.batch_step_target_ms == pytest.approx(30, rel=0.01)
     with pytest.raises(ValueError, match=r"slack marks must be in \(0, 1\)"):
         BudgetController(SLO_, MODEL, slack_marks={"r0": 1.0})
+
+
+E2E_SLO = SLO(chat_itl_p99_ms=50, chat_ttft_p99_ms=1000, chat_e2e_p99_ms=2000, window_s=60)
+
+
+def test_an_e2e_slo_over_chats_p99_answer_sets_the_ceiling_the_cold_start_is_half_of():
+    """2 s over 100-token answers: a step longer than 20 ms streams the p99 answer past the E2E
+    SLO, whatever the ITL SLO allows; the cold start keeps room on both sides of that."""
+    c = BudgetController(E2E_SLO, MODEL, engine_slots=64)
+    d = c.decide(obs(0, chat_answer_tokens_p99=100.0))
+    assert d.reason == "cold-start" and d.batch_step_target_ms == pytest.approx(
+        COLD_START_SHARE * 20
+    )
+    targets = [c.decide(obs(t, itl_ms=5, ttft_ms=100, chat_e2e_p99_s=0.2,
+                            chat_answer_tokens_p99=100.0)).batch_step_target_ms
+               for t in range(3, 3000, 3)]  # fmt: skip
+    assert max(targets) == pytest.approx(20) and targets[-1] == pytest.approx(20)
+    # Without an E2E SLO answer lengths bound nothing.
+    plain = controller().decide(obs(0, chat_answer_tokens_p99=100.0))
+    assert plain.batch_step_target_ms == pytest.approx(COLD_START_SHARE * 50)
+
+
+def test_answers_counted_after_the_cold_start_bring_the_target_down_at_once():
+    """The backlog can start before chat has finished an answer (or chat's answers lengthen): the
+    first count that puts the ceiling under the target lowers it at the next decision, as a
+    change that only windows after it judge."""
+    c = BudgetController(E2E_SLO, MODEL, engine_slots=64)
+    assert c.decide(obs(0)).batch_step_target_ms == pytest.approx(COLD_START_SHARE * 50)
+    d = c.decide(obs(3, chat_answer_tokens_p99=200.0))
+    assert d.reason == "ceiling" and d.batch_step_target_ms == pytest.approx(10)
+    # The windows that ran at the old target are not this one's breaks to cut for.
+    broken = {"chat_e2e_p99_s": 2.4, "chat_answer_tokens_p99": 200.0}
+    for t in range(6, 3 + int(WINDOW), 3):
+        d = c.decide(obs(t, **broken))
+        assert d.reason == "hold" and d.batch_step_target_ms == pytest.approx(10)
+    assert c.decide(obs(3 + WINDOW, **broken)).reason == "cut"

@@ -149,3 +149,28 @@ def test_a_status_is_written_as_the_engine_drains_so_its_idle_spell_starts_count
     assert status.maybe_write(10.3, control, drained=True)  # drained: at once
     assert json.loads(path.read_text())["chat_itl_seconds"]["count"] == 1
     assert not status.maybe_write(10.4, control, drained=True)  # nothing new since
+
+
+@pytest.mark.parametrize("longest", [12, 96, 1000])
+def test_chats_answer_length_p99_is_the_engines_record_from_the_first_read(tmp_path, longest):
+    """Read over every answer since the engine started, not one window's few: a run's first
+    decision already knows it (chat ran before the backlog), within a bucket's 5%."""
+    import asyncio
+    import json
+
+    from serving.engine_control import ControlTarget
+    from serving.engine_site.control_files import STATUS_FILE
+    from serving.plugin_sensor import PluginStatusSensor
+
+    status = EngineStatus(None, wall=lambda: 100.0)
+    for tokens in (*[4] * 98, longest, longest):  # the p99 of 100 falls on the longest two
+        status.chat_answer_tokens.observe(tokens)
+    doc = document(status)
+    (tmp_path / STATUS_FILE).write_text(json.dumps(doc))
+    sensor = PluginStatusSensor({"r0": ControlTarget("r0", folder=tmp_path)})
+    p99 = asyncio.run(sensor.observe())["r0"].chat_answer_tokens_p99
+    assert p99 == pytest.approx(longest, rel=0.05)
+    del doc["chat_answer_tokens"]  # a plug-in from before the count
+    (tmp_path / STATUS_FILE).write_text(json.dumps(doc))
+    fresh = PluginStatusSensor({"r0": ControlTarget("r0", folder=tmp_path)})
+    assert asyncio.run(fresh.observe())["r0"].chat_answer_tokens_p99 is None

@@ -52,7 +52,7 @@ def test_gate_series_are_relayed_onto_the_run_port_with_chat_histograms() -> Non
     seen = Observation(t=5.0, replica="r0", chat_e2e_p99_s=7.5)
     gate.record(seen, Decision(3, 0, reason="grow"), 1)
     histogram = {"bounds": [0.01, 0.05], "cumulative": [2, 5, 6], "count": 6, "sum": 0.3}
-    keys = ("chat_itl_seconds", "chat_ttft_seconds", "chat_e2e_seconds")
+    keys = ("chat_itl_seconds", "chat_ttft_seconds", "chat_e2e_seconds", "chat_answer_tokens")
     gate.record_status("r0", dict.fromkeys(keys, histogram))
     run = RunMetrics("r1")
     port = run.serve(0)
@@ -65,6 +65,7 @@ def test_gate_series_are_relayed_onto_the_run_port_with_chat_histograms() -> Non
         assert 'nightshift_chat_ttft_seconds_count{replica="r0"} 6.0' in text
         assert "nightshift_slo_chat_itl_p99_seconds 0.04" in text
         assert 'nightshift_chat_e2e_seconds_count{replica="r0"} 6.0' in text
+        assert 'nightshift_chat_answer_tokens_count{replica="r0"} 6.0' in text
         assert 'nightshift_chat_e2e_p99_seconds{replica="r0"} 7.5' in text
         assert "nightshift_slo_chat_e2e_p99_seconds 9.0" in text
         run.relay(lambda: (_ for _ in ()).throw(TimeoutError("gate gone")))

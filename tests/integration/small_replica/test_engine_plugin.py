@@ -16,6 +16,7 @@ import sys
 import time
 
 import httpx
+import pytest
 
 from bench.paused_idle import cpu_share
 from bench.verdicts import MeasuredModel, engine_itl_floor_ms
@@ -217,7 +218,8 @@ def test_pause_stops_batch_prefill_within_100_ms_and_chat_streams_on(replica):
 
 def test_the_plugin_times_each_finished_chat_end_to_end_as_its_client_does(replica):
     """The controller's optional E2E SLO is judged by the plug-in's count: from the request's
-    arrival in the engine to its last token, once per chat, never longer than the client saw."""
+    arrival in the engine to its last token, once per chat, never longer than the client saw;
+    and it counts each answer's tokens, whose p99 sets the step an E2E SLO allows."""
     before = status(replica)
 
     async def chats() -> list[float]:
@@ -237,6 +239,10 @@ def test_the_plugin_times_each_finished_chat_end_to_end_as_its_client_does(repli
     assert counted.count == len(e2es)
     engine_p99 = histogram_quantile(counted, 0.99)
     assert 0.8 * max(e2es) <= engine_p99 <= 1.05 * max(e2es), (engine_p99, e2es)
+    answers = histogram_delta(status_histogram(after, "chat_answer_tokens"),
+                              status_histogram(before, "chat_answer_tokens"))  # fmt: skip
+    assert answers.count == len(e2es) and answers.sum == sum(8 + 4 * n for n in range(6))
+    assert histogram_quantile(answers, 0.99) == pytest.approx(8 + 4 * 5, rel=0.05)
 
 
 def test_a_killed_controller_leaves_chat_served_and_batch_paused_after_expiry(replica):
