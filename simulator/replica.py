@@ -10,6 +10,7 @@ the host, caches), which is what puts a tail on chat's gaps beyond the step targ
 
 from __future__ import annotations
 
+import bisect
 import random
 from collections.abc import Sequence
 
@@ -127,9 +128,9 @@ class Replica:
         iv.chat_gaps.extend(outcome.chat_gaps)
         iv.chat_ttfts.extend(now - r.arrival for r in outcome.first_tokens if r.cls == "chat")
         iv.chat_e2es.extend(now - r.arrival for r in outcome.finished if r.cls == "chat")
-        self.sensor.chat_answer_tokens.extend(
-            r.output_tokens for r in outcome.finished if r.cls == "chat"
-        )
+        for r in outcome.finished:
+            if r.cls == "chat":
+                bisect.insort(self.sensor.chat_answer_tokens, r.output_tokens)
         return outcome
 
     @property
