@@ -64,7 +64,9 @@ class BudgetControllerConfig(BaseModel):
         "slack, and the target grows, until the replica's windows have shown their spread.")  # fmt: skip
     max_seats: int = Field(64, ge=1, description="Most batch requests in flight per replica.")
     chat_slot_share: float = Field(0.5, ge=0, lt=1, description="max-num-seqs share kept for chat.")
-    kv_high_water: float = Field(0.9, gt=0, le=1, description="KV share batch stays under.")
+    kv_high_water: float = Field(
+        0.9, gt=0, le=1, description="KV share batch admission stays under."
+    )
     stale_after_s: float = Field(15.0, gt=0, description="Longest gap between fresh observations.")
     chat_cache_horizon_s: float = Field(60.0, ge=0, description="Chat histories cached this "
         "recently keep their KV from batch (99% of next turns come within it; 0: none kept).")  # fmt: skip
