@@ -10,7 +10,6 @@ the host, caches), which is what puts a tail on chat's gaps beyond the step targ
 
 from __future__ import annotations
 
-import bisect
 import random
 from collections.abc import Sequence
 
@@ -130,7 +129,7 @@ class Replica:
         iv.chat_e2es.extend(now - r.arrival for r in outcome.finished if r.cls == "chat")
         for r in outcome.finished:
             if r.cls == "chat":
-                bisect.insort(self.sensor.chat_answer_tokens, r.output_tokens)
+                self.sensor.answered(r.output_tokens)
         return outcome
 
     @property

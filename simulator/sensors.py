@@ -8,6 +8,7 @@ since its engine started.
 
 from __future__ import annotations
 
+import bisect
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -39,6 +40,10 @@ class ReplicaSensor:
         self.current = Interval()
         self.chat_answer_tokens: list[int] = []
         """Every chat answer's length so far, kept sorted (an hour holds tens of thousands)."""
+
+    def answered(self, tokens: int) -> None:
+        """A chat answer of `tokens` finished."""
+        bisect.insort(self.chat_answer_tokens, tokens)
 
     def observe(
         self,
