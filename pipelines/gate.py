@@ -445,8 +445,8 @@ class GateActor:
         ttl = max(MIN_CONTROL_TTL_S, CONTROL_TTL_POLLS * self.interval_s)
         doc = engine_control.decision_document(
             r.control_seq, d.batch_step_target_ms or 0.0, self.model, ttl, d.pause,
-            idle_target_ms=d.idle_step_target_ms, chat_cache_horizon_s=d.chat_cache_horizon_s,
-            tail_scale=d.tail_scale,
+            idle_target_ms=d.idle_step_target_ms, mean_target_ms=d.mean_step_target_ms,
+            chat_cache_horizon_s=d.chat_cache_horizon_s, tail_scale=d.tail_scale,
         )  # fmt: skip
         try:
             await asyncio.to_thread(engine_control.send, target, doc)
@@ -589,6 +589,7 @@ def _row(run_id: str, obs: Observation, d: Decision) -> dict:
         "observed_target_bound_share": obs.target_bound_share,
         "observed_chat_cache_tokens": obs.chat_cache_tokens,
         "slack_mark": d.slack_mark,
+        "mean_step_target_ms": d.mean_step_target_ms,
     }
 
 

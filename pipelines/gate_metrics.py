@@ -121,6 +121,12 @@ class GateMetrics:
             ["replica"],
             registry=r,
         )
+        self.step_mean = Gauge(
+            "nightshift_batch_step_mean_seconds",
+            "Mean step time batch keeps to beside chat under an E2E SLO (NaN: none).",
+            ["replica"],
+            registry=r,
+        )
         self.slack_mark = Gauge(
             "nightshift_slack_mark",
             "Chat pressure (p99 over SLO) the controller grows the target to (NaN: no such mark).",
@@ -167,9 +173,10 @@ class GateMetrics:
         self.in_flight.labels(name).set(in_flight)
         self.decisions.labels(decision.reason or "none").inc()
         self.last_decision.set(obs.t)
-        target = decision.batch_step_target_ms
+        target, mean = decision.batch_step_target_ms, decision.mean_step_target_ms
         for gauge, value in (
             (self.step_target, None if target is None else target / 1000),
+            (self.step_mean, None if mean is None else mean / 1000),
             (self.kv_room, decision.kv_room_tokens),
             (self.chat_itl_p99, obs.chat_itl_p99_s),
             (self.chat_ttft_p99, obs.chat_ttft_p99_s),

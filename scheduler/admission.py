@@ -94,6 +94,9 @@ class Decision:
     idle_step_target_ms: float | None = None
     """What the plug-in sizes batch chunks to while no chat is in the engine (None: the batch
     step target always)."""
+    mean_step_target_ms: float | None = None
+    """The mean step time the plug-in keeps batch to while chat is in the engine, one step
+    running past it on what earlier steps left unused (None: each step held to the target)."""
     chat_cache_horizon_s: float | None = None
     """How far back the plug-in counts chat's prefix-cache working set (None: it does not)."""
     slack_mark: float | None = None

@@ -10,8 +10,10 @@ step's chat load (`scheduler/step_budget.py`); this controller closes the loop a
    window in a hundred over the SLO, by this replica's spread: `scheduler/pressure_spread.py`)
    a growth toward it, short of a recent break; in between a hold. Only windows that began after
    a change judge it (a break right after a growth is cut at once), and growth needs a whole
-   slack window in which the target bound. The target never passes the ceiling chat's SLOs set
-   (the ITL SLO; an E2E SLO over chat's p99 answer length) and starts cold at half of it.
+   slack window in which the target bound. The target never passes the ITL SLO and starts cold
+   at half of it. An E2E SLO bounds the sum of an answer's gaps, not each one: the plug-in then
+   keeps batch's steps to a mean, the target in the share the E2E SLO over chat's p99 answer
+   length bears to the ITL SLO, and one step may run to the target on what others left unused.
 3. **Model correction.** The target sent is the real one over the smoothed measured/modelled
    time of the plug-in's batch steps, and between changes only falls. The first measurement (the
    engine's whole record, where it has one) re-aims the cold start, unjudged.
@@ -123,7 +125,7 @@ class BudgetController:
         if not obs.fresh:
             return Decision(0, NO_SECTION_CAP, pause=True, reason="stale", batch_step_target_ms=0.0,
                             chat_cache_horizon_s=self.config.chat_cache_horizon_s)  # fmt: skip
-        ceiling = self._ceiling_s(obs)
+        ceiling = self.slo.chat_itl_p99_ms / 1000  # each step at the target is a gap that long
         cold = state is None or obs.t - state.last_fresh_t > self.config.stale_after_s
         if cold:
             if state is None:
@@ -135,7 +137,7 @@ class BudgetController:
             state.changed(obs.t, grew=False)
         if cold or first_measure:
             reason = "cold-start"
-        elif state.target_s > ceiling:  # chat's answers, newly counted or longer, bound the step
+        elif state.target_s > ceiling:  # a cut from a step the corrected model says ran long
             state.target_s, reason = ceiling, "ceiling"
             state.changed(obs.t, grew=False)
         else:
@@ -143,27 +145,29 @@ class BudgetController:
         state.last_fresh_t = obs.t
         sent = state.target_s / state.ratio  # between changes the target sent only falls
         state.sent_s = sent if reason in CHANGES else min(state.sent_s, sent)
+        mean = self._mean_share(obs)
         return Decision(
-            batch_seats=self._seats(state, obs),
+            batch_seats=self._seats(state, obs, mean),
             chunk_tokens=NO_SECTION_CAP,
             reason=reason,
             predicted_step_ms=1000 * state.sent_s * state.ratio,
             batch_step_target_ms=1000 * state.sent_s,
             kv_room_tokens=self._kv_room(obs),
             idle_step_target_ms=self._idle_target_ms(state),
+            mean_step_target_ms=1000 * state.sent_s * mean if mean < 1 else None,
             chat_cache_horizon_s=self.config.chat_cache_horizon_s,
             slack_mark=state.spread.slack_mark(),
             tail_scale=False,
         )
 
-    def _ceiling_s(self, obs: Observation) -> float:
-        """The longest real step chat's SLOs allow at the target: the ITL SLO (each such step is
-        a gap that long) and, with an E2E SLO, the step at which chat's p99 answer, a token a
-        step, takes all of it."""
-        itl_s, e2e_ms = self.slo.chat_itl_p99_ms / 1000, self.slo.chat_e2e_p99_ms
-        if e2e_ms is None or obs.chat_answer_tokens_p99 is None:
-            return itl_s
-        return min(itl_s, e2e_ms / 1000 / max(1.0, obs.chat_answer_tokens_p99))
+    def _mean_share(self, obs: Observation) -> float:
+        """The share of the target batch's steps keep to on average: with an E2E SLO, the step at
+        which chat's p99 answer, a token a step, takes all of it, over the ITL SLO (at most 1).
+        Feedback moves both together, so whichever SLO binds sets the level."""
+        e2e_ms, answer = self.slo.chat_e2e_p99_ms, obs.chat_answer_tokens_p99
+        if e2e_ms is None or answer is None:
+            return 1.0
+        return min(1.0, e2e_ms / max(1.0, answer) / self.slo.chat_itl_p99_ms)
 
     def _feedback(self, state: _Replica, obs: Observation, ceiling: float) -> str:
         slo, o = self.slo, obs  # pressure: the worst window p99 over its SLO (0: no chat)
@@ -237,10 +241,10 @@ class BudgetController:
         state.ratio_measured = True
         return first
 
-    def _seats(self, state: _Replica, obs: Observation) -> int:
+    def _seats(self, state: _Replica, obs: Observation, mean: float) -> int:
         """One seat more than in flight while the decodes that can share a step fit
-        `DECODE_SHARE` of the target: chat's, batch's decoding now and the next prefill to end
-        (the plug-in grants prefill chunks in the engine's order, so prefills end in turn)."""
+        `DECODE_SHARE` of its mean target: chat's, batch's decoding now and the next prefill to
+        end (the plug-in grants prefill chunks in the engine's order, so prefills end in turn)."""
         cfg, in_flight, cap = self.config, obs.batch_in_flight, self.config.max_seats
         if self.engine_slots is not None:
             cap = min(cap, max(1, int(self.engine_slots * (1 - cfg.chat_slot_share))))
@@ -250,7 +254,7 @@ class BudgetController:
         joining = sum(1 for b in in_flight if not b.prefill_remaining) + 1
         decodes = StepBatch((), obs.chat_decoding + joining,
                             obs.chat_decode_context_tokens + int(joining * mean_context))  # fmt: skip
-        fits = self.model.step_seconds(decodes) <= DECODE_SHARE * state.sent_s  # both priced
+        fits = self.model.step_seconds(decodes) <= DECODE_SHARE * state.sent_s * mean
         return min(cap, len(in_flight) + 1 if fits else len(in_flight))
 
     def _kv_room(self, obs: Observation) -> int | None:

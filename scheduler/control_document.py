@@ -49,6 +49,10 @@ class ControlDocument:
     idle_step_target_ms: float | None = None
     """Step time batch chunks fit while no chat request is in the engine (absent: the batch
     step target always): a chat arriving then waits at most this long for its prompt to start."""
+    mean_step_target_ms: float | None = None
+    """Mean step time batch chunks keep to while chat is in the engine (absent: every step is
+    held to the batch step target); one step may run past it, up to the batch step target, on
+    the time earlier steps left unused below it (`scheduler.step_budget.StepCredit`)."""
     chat_cache_horizon_s: float | None = None
     """How far back the plug-in counts chat's prefix-cache working set for its status (absent: it
     does not count it; `scheduler/chat_cache.py`)."""
@@ -64,7 +68,7 @@ class ControlDocument:
     def to_json(self) -> str:
         doc = asdict(self)
         doc["latency_model"] = self.latency_model.coefficients()
-        for key in ("idle_step_target_ms", "chat_cache_horizon_s"):
+        for key in ("idle_step_target_ms", "mean_step_target_ms", "chat_cache_horizon_s"):
             if doc[key] is None:
                 del doc[key]
         if doc["tail_scale"]:
@@ -81,6 +85,7 @@ _FIELDS = {
     "min_chunk_tokens": int,
     "pause": bool,
     "idle_step_target_ms": float,
+    "mean_step_target_ms": float,
     "chat_cache_horizon_s": float,
     "tail_scale": bool,
 }
@@ -130,6 +135,7 @@ def from_dict(raw: object) -> ControlDocument:
         "batch_step_target_ms",
         "min_chunk_tokens",
         "idle_step_target_ms",
+        "mean_step_target_ms",
         "chat_cache_horizon_s",
     ):
         if key in raw and not (raw[key] >= 0 and math.isfinite(raw[key])):
@@ -143,6 +149,9 @@ def from_dict(raw: object) -> ControlDocument:
         pause=raw.get("pause", False),
         idle_step_target_ms=(
             float(raw["idle_step_target_ms"]) if "idle_step_target_ms" in raw else None
+        ),
+        mean_step_target_ms=(
+            float(raw["mean_step_target_ms"]) if "mean_step_target_ms" in raw else None
         ),
         chat_cache_horizon_s=(
             float(raw["chat_cache_horizon_s"]) if "chat_cache_horizon_s" in raw else None

@@ -88,6 +88,7 @@ DECISIONS = pa.schema(
         ("observed_target_bound_share", pa.float64()),
         ("observed_chat_cache_tokens", pa.int64()),
         ("slack_mark", pa.float64()),
+        ("mean_step_target_ms", pa.float64()),
     ]
 )
 

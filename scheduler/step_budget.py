@@ -54,6 +54,10 @@ class BatchStepTarget:
     """Whether the plug-in sizes to the model scaled by the tail of its own error
     (`scheduler/step_scale.py`), so a fixed target holds at the 99th percentile; False where the
     sender corrects the model itself from measured steps (a controller), one correction not two."""
+    mean_target_s: float | None = None
+    """The mean step time batch chunks keep to while chat is in the engine (None: every step is
+    held to `target_s`): a step may run past it, up to `target_s`, on the time steps before it
+    left unused below it (`StepCredit`)."""
 
     def step_target_s(self, chat_in_engine: bool) -> float:
         """The target of one step. With chat in the engine (decoding, prefilling or waiting) it
@@ -68,6 +72,42 @@ class BatchStepTarget:
         """What the model's prediction is scaled by when chunks are sized: the engine's tail
         scale under `tail_scale`, else 1 (the sender corrects the model itself)."""
         return engine_scale if self.tail_scale else 1.0
+
+
+class StepCredit:
+    """Step time earlier steps left unused below a mean target, which a later step may spend.
+
+    Chat's ITL SLO bounds each gap; its E2E SLO bounds the sum of an answer's gaps, a mean. Held
+    to the mean at every step, a document deep in its prefill, where one KV block costs more than
+    a step beside chat's decodes leaves, is granted nothing until a step without chat: it stalls.
+    With a credit the shortfall of short steps carries over, so the document moves in a step
+    that runs longer, still within `target_s`.
+
+    Invariants, over the steps with chat in the engine: the credit is in [0, target_s - mean];
+    each step's target is mean + credit, so batch takes no step past `target_s`, and over any
+    run of steps batch's chunks take them past the mean by at most target_s - mean in all (an
+    answer of n tokens is slowed by at most that over n steps at the mean). A step longer than
+    mean + credit by chat's own work alone clips the credit at 0: batch is not charged for it.
+    Steps with no chat in the engine neither earn nor spend (no gap to protect)."""
+
+    def __init__(self) -> None:
+        self.seconds = 0.0
+
+    def step_target_s(self, target: BatchStepTarget, chat_in_engine: bool) -> float:
+        """The target of this step: `target.step_target_s` without a mean or without chat, else
+        the mean plus the credit."""
+        mean = target.mean_target_s
+        if not chat_in_engine or mean is None or mean >= target.target_s:
+            return target.step_target_s(chat_in_engine)
+        return mean + self.seconds
+
+    def ran(self, target: BatchStepTarget, chat_in_engine: bool, step_s: float) -> None:
+        """Settle a step whose predicted time, in the target's units, was `step_s`."""
+        mean = target.mean_target_s
+        if not chat_in_engine or mean is None:
+            return
+        room = max(0.0, target.target_s - mean)
+        self.seconds = min(room, max(0.0, self.seconds + mean - step_s))
 
 
 def is_batch(priority: int) -> bool:

@@ -61,6 +61,7 @@ def decision_document(
     min_chunk_tokens: int = 0,
     now: float | None = None,
     idle_target_ms: float | None = None,
+    mean_target_ms: float | None = None,
     chat_cache_horizon_s: float | None = None,
     tail_scale: bool = True,
 ) -> ControlDocument:
@@ -76,6 +77,8 @@ def decision_document(
     }
     if idle_target_ms is not None:
         doc["idle_step_target_ms"] = float(idle_target_ms)
+    if mean_target_ms is not None:
+        doc["mean_step_target_ms"] = float(mean_target_ms)
     if chat_cache_horizon_s is not None:
         doc["chat_cache_horizon_s"] = float(chat_cache_horizon_s)
     if not tail_scale:

@@ -25,6 +25,7 @@ from scheduler.step_budget import (
     BatchStepTarget,
     InEngine,
     StepBudget,
+    StepCredit,
     any_chat,
     batch_room,
     chat_reservation,
@@ -96,6 +97,9 @@ class EngineScheduler:
         self.batch_target: BatchStepTarget | None = None
         """The plug-in's batch step target for this replica; None: stock scheduling."""
         self._step_budget: StepBudget | None = None
+        self._credit = StepCredit()
+        self._step_chat = False  # whether chat was in the engine when this step was composed
+        self._step_scale = 1.0  # what this step's model prediction was scaled by
         self._chat_reserved = False
         self._chat_prefill_stalled = False
         """The last step reserved chat prefill and scheduled none of it: the next leaves waiting
@@ -151,6 +155,10 @@ class EngineScheduler:
             len(step.decodes),
             sum(r.prompt_tokens + r.output_tokens for r in step.decodes),
         )
+        target = self.batch_target
+        if target is not None and target.mean_target_s is not None:
+            predicted = target.model.step_seconds(step.batch) * self._step_scale
+            self._credit.ran(target, self._step_chat, predicted)
         return step
 
     def _plug_in_budget(self, now: float) -> StepBudget | None:
@@ -175,7 +183,9 @@ class EngineScheduler:
             [*map(_in_engine, self.running),
              *(_in_engine(e[3] if self.by_priority else e) for e in waiting)]
         )  # fmt: skip
-        target_s = target.step_target_s(chat) / target.applied_scale(self.scale.at(now))
+        self._step_chat = chat
+        self._step_scale = target.applied_scale(self.scale.at(now))
+        target_s = self._credit.step_target_s(target, chat) / self._step_scale
         return StepBudget(
             target.model, target_s, room, fixed, self.block_size, target.min_chunk_tokens
         )

@@ -94,6 +94,7 @@ class Recorder:
                 "observed_target_bound_share": obs.target_bound_share,
                 "observed_chat_cache_tokens": obs.chat_cache_tokens,
                 "slack_mark": d.slack_mark,
+                "mean_step_target_ms": d.mean_step_target_ms,
             }
         )
 

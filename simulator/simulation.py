@@ -208,11 +208,12 @@ def plug_in_target(decision: Decision, model: StepTimeModel) -> BatchStepTarget 
     as a policy that writes no control document does."""
     if decision.batch_step_target_ms is None:
         return None
-    idle = decision.idle_step_target_ms
+    idle, mean = decision.idle_step_target_ms, decision.mean_step_target_ms
     return BatchStepTarget(
         decision.batch_step_target_ms / 1000,
         model,
         paused=decision.pause,
         idle_target_s=None if idle is None else idle / 1000,
         tail_scale=decision.tail_scale,
+        mean_target_s=None if mean is None else mean / 1000,
     )

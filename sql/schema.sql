@@ -123,6 +123,9 @@ ALTER TABLE decisions ADD COLUMN IF NOT EXISTS observed_chat_cache_tokens BIGINT
 -- The chat pressure the controller grows to, from how much its windows at one target varied
 -- (scheduler/pressure_spread.py).
 ALTER TABLE decisions ADD COLUMN IF NOT EXISTS slack_mark DOUBLE;
+-- The mean step time batch keeps to beside chat under an E2E SLO (null: each step held to the
+-- target; scheduler/step_budget.py, StepCredit).
+ALTER TABLE decisions ADD COLUMN IF NOT EXISTS mean_step_target_ms DOUBLE;
 
 -- The engine plug-in's status between two reads (serving/plugin_sensor.py): engine steps, their
 -- mean measured time and its ratio to the latency model's prediction, batch prefill tokens per

@@ -32,7 +32,16 @@ from serving import engine_control, local_models
 from serving.engine_site import budget_scheduler
 from serving.engine_site.control_files import CONTROL_DIR_ENV
 from serving.engine_site.step_log import STEP_LOG_ENV
-from tests.budget_fixtures import BATCH_PROMPT, BLOCK, CHAT_PROMPT, MODEL, STEP_TOKENS, TARGET_MS
+from tests.budget_fixtures import (
+    ALONE_STEPS,
+    BATCH_PROMPT,
+    BLOCK,
+    CHAT_PROMPT,
+    MEAN_MS,
+    MODEL,
+    STEP_TOKENS,
+    TARGET_MS,
+)
 
 BUDGET = STEP_TOKENS
 
@@ -394,6 +403,19 @@ def _engine_core_problems() -> list[str]:
         if text not in inspect.getsource(fn):
             problems.append(f"{where} no longer has {text!r}")
     return problems
+
+
+def case_mean(folder: Path) -> dict:
+    """A batch prompt prefills alone, then a chat arrives and decodes beside it, under a mean
+    step target too short for a block deep in the prompt: what each step schedules."""
+    s = make(budget_scheduler.BudgetScheduler, folder)
+    doc = engine_control.decision_document(1, TARGET_MS, MODEL, 60.0, mean_target_ms=MEAN_MS)
+    engine_control.send(engine_control.ControlTarget("harness", folder=folder), doc)
+    time.sleep(0.03)
+    s.add_request(request("batch", BATCH_PROMPT, 10))
+    steps = [step(s) for _ in range(ALONE_STEPS)]
+    s.add_request(request("chat", CHAT_PROMPT, 0, max_tokens=16))
+    return {"steps": steps + [step(s) for _ in range(14)]}
 
 
 def case_idle(folder: Path) -> dict:

@@ -15,7 +15,9 @@ its whole prefill. Every step, before vLLM schedules anything, the plug-in
    last (chat prompts may use the engine's whole step budget);
 2. prices that fixed part with the controller's latency model, and gives each batch prefill, in
    the order vLLM reaches it, the largest chunk at its real prefix position that keeps the step
-   within the target and the reserved room (`scheduler.step_budget.StepBudget.grant`).
+   within the target and the reserved room (`scheduler.step_budget.StepBudget.grant`). Under a
+   document with a mean step target the step's target is that mean plus what earlier steps left
+   unused below it, never past the batch step target (`scheduler.step_budget.StepCredit`).
 
 The cap is applied where vLLM 0.32 sizes a request's chunk after every other cap,
 `Scheduler._reserve_prefill_lookahead`, called for running and waiting requests alike. A batch
@@ -58,7 +60,14 @@ from pathlib import Path
 from scheduler import step_budget
 from scheduler.chat_cache import ChatCacheSet
 from scheduler.step import PrefillChunk, StepBatch
-from scheduler.step_budget import BatchPrefill, BatchStepTarget, InEngine, StepBudget, is_batch
+from scheduler.step_budget import (
+    BatchPrefill,
+    BatchStepTarget,
+    InEngine,
+    StepBudget,
+    StepCredit,
+    is_batch,
+)
 from scheduler.step_scale import StepTimeScale
 from serving.engine_site import batch_eviction, chat_blocks, idle_hold
 from serving.engine_site.control_channel import ControlChannel, Directive
@@ -99,6 +108,10 @@ class _Plugin:
         self.status = EngineStatus(Path(folder) / STATUS_FILE if folder else None)
         self.directive: Directive | None = None
         self.budget: StepBudget | None = None
+        self.target: BatchStepTarget | None = None
+        """This step's target, with `chat_in_engine`: what `credit` settles the step against."""
+        self.chat_in_engine = False
+        self.credit = StepCredit()
         self.pending: deque[tuple[float, StepRecord]] = deque()
         self.last_update = 0.0
         self.step_started = 0.0
@@ -161,7 +174,7 @@ class _Plugin:
 
     def begin_step(self, sched) -> None:
         self.step_started = time.monotonic()
-        self.budget = None
+        self.budget = self.target = None
         self.held_back = self.target_bound = self.chat_reserved = False
         self.directive = self.channel.directive() if self.channel else None
         d = self.directive
@@ -172,15 +185,18 @@ class _Plugin:
         room = step_budget.batch_room(
             sched.max_num_scheduled_tokens, reserved, fixed, paused=not d.sizing
         )
-        # Whether chat is in the engine matters only with an idle target; skip the scan without.
-        chat = d.idle_target_s is None or step_budget.any_chat(
+        # Whether chat is in the engine matters only with an idle or a mean target; skip the
+        # scan without.
+        chat = (d.idle_target_s is None and d.mean_target_s is None) or step_budget.any_chat(
             map(_in_engine, [*sched.running, *sched.waiting])
         )
         target = BatchStepTarget(d.target_s, d.model, idle_target_s=d.idle_target_s,
-                                 tail_scale=d.tail_scale)  # fmt: skip
+                                 tail_scale=d.tail_scale, mean_target_s=d.mean_target_s)  # fmt: skip
+        self.target, self.chat_in_engine = target, chat
         self.applied_scale = target.applied_scale(self.scale.at(self.step_started))
-        self.budget = StepBudget(d.model, target.step_target_s(chat) / self.applied_scale, room,
-                                 fixed, sched.block_size, d.min_chunk_tokens)  # fmt: skip
+        self.budget = StepBudget(d.model, self.credit.step_target_s(target, chat)
+                                 / self.applied_scale, room, fixed, sched.block_size,
+                                 d.min_chunk_tokens)  # fmt: skip
 
     def cap(self, request, num_computed_tokens: int, num_new_tokens: int) -> int:
         """The chunk vLLM may schedule for `request`: its own for chat and decodes, the grant
@@ -262,6 +278,8 @@ class _Plugin:
         if self.directive is not None:
             rec.model_s = self.directive.model.step_seconds(rec.step)
             rec.predicted_s = rec.model_s * self.applied_scale
+        if self.target is not None:
+            self.credit.ran(self.target, self.chat_in_engine, rec.predicted_s)
         self.pending.append((self.step_started, rec))
 
     def log_step(self, step: StepBatch, seconds: float) -> None:

@@ -49,6 +49,8 @@ class Directive:
     min_chunk_tokens: int
     idle_target_s: float | None = None
     """Target of steps with no chat in the engine (`scheduler.step_budget.BatchStepTarget`)."""
+    mean_target_s: float | None = None
+    """Mean step time batch keeps to beside chat (`scheduler.step_budget.StepCredit`)."""
     chat_cache_horizon_s: float | None = None
     """How far back chat's prefix-cache working set is counted (None: it is not)."""
     tail_scale: bool = True
@@ -102,11 +104,11 @@ class ControlChannel:
             state = "expired"
         else:
             state = "paused" if doc.pause else "active"
-        idle = doc.idle_step_target_ms
+        idle, mean = doc.idle_step_target_ms, doc.mean_step_target_ms
         return Directive(
             state, doc.seq, doc.batch_step_target_ms / 1000.0, doc.latency_model,
             doc.min_chunk_tokens, None if idle is None else idle / 1000.0,
-            doc.chat_cache_horizon_s, doc.tail_scale,
+            None if mean is None else mean / 1000.0, doc.chat_cache_horizon_s, doc.tail_scale,
         )  # fmt: skip
 
     def _poll(self) -> None:

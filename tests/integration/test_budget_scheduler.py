@@ -11,13 +11,22 @@ import subprocess
 
 import pytest
 
-from scheduler.step_budget import BatchStepTarget
+from scheduler.step_budget import BatchPrefill, BatchStepTarget
 from serving.paths import REPO_ROOT, engine_python
 from simulator.config import EngineParams
 from simulator.engine_scheduler import EngineScheduler
 from simulator.entities import BATCH_PRIORITY, CHAT_PRIORITY, Request, Segment
 from simulator.kv_cache import KVCache
-from tests.budget_fixtures import BATCH_PROMPT, BLOCK, CHAT_PROMPT, MODEL, STEP_TOKENS, TARGET_MS
+from tests.budget_fixtures import (
+    ALONE_STEPS,
+    BATCH_PROMPT,
+    BLOCK,
+    CHAT_PROMPT,
+    MEAN_MS,
+    MODEL,
+    STEP_TOKENS,
+    TARGET_MS,
+)
 
 CASES = [
     "canary",
@@ -30,6 +39,7 @@ CASES = [
     "garbage_first",
     "step_log",
     "idle",
+    "mean",
     "hold",
     "no_engine",
     "eviction",
@@ -207,7 +217,13 @@ def test_canary_the_vllm_internals_the_plugin_relies_on_are_unchanged(seen):
 
 
 def simulated(
-    batch_prompt: int, chat_at: int, steps: int, kv_blocks: int = 12_500, max_tokens: int = 8
+    batch_prompt: int,
+    chat_at: int,
+    steps: int,
+    kv_blocks: int = 12_500,
+    max_tokens: int = 8,
+    mean_ms: float | None = None,
+    chat_tokens: int = 8,
 ) -> list[dict[str, int]]:
     """A harness case on the simulator's engine: what it would schedule, step by step (an empty
     step where it would go idle)."""
@@ -220,7 +236,8 @@ def simulated(
         enable_prefix_caching=False,
     )
     eng = EngineScheduler(params, KVCache(kv_blocks * BLOCK, BLOCK, False))
-    eng.batch_target = BatchStepTarget(TARGET_MS / 1000, MODEL)
+    mean_s = None if mean_ms is None else mean_ms / 1000
+    eng.batch_target = BatchStepTarget(TARGET_MS / 1000, MODEL, mean_target_s=mean_s)
 
     def req(rid, prompt, cls, priority, out=8):
         segments = (Segment((rid,), prompt),)
@@ -230,7 +247,7 @@ def simulated(
     seen = []
     for i in range(steps):
         if i == chat_at:
-            eng.add(req("chat", CHAT_PROMPT, "chat", CHAT_PRIORITY))
+            eng.add(req("chat", CHAT_PROMPT, "chat", CHAT_PRIORITY, chat_tokens))
         s = eng.schedule(float(i))
         if s is None:
             seen.append({})
@@ -242,6 +259,30 @@ def simulated(
 
 def test_the_simulators_engine_grants_what_the_plugin_grants_step_by_step(seen):
     assert simulated(BATCH_PROMPT, chat_at=3, steps=9) == seen["target"]["steps"]
+
+
+def test_under_a_mean_target_a_deep_prompt_moves_beside_chat_and_the_simulator_agrees(seen):
+    """Beside one chat decode a block deep in the prompt does not fit the mean: the plug-in grants
+    it in every other step or so, on what the steps between left, never past the target; the
+    simulator's engine schedules the same tokens step by step."""
+    from scheduler.step import PrefillChunk, StepBatch
+    from scheduler.step_budget import size_batch_prefills
+
+    steps = seen["mean"]["steps"]
+    beside = [s.get("batch", 0) for s in steps[ALONE_STEPS + 1 :] if "chat" in s]
+    prefix = sum(s.get("batch", 0) for s in steps[: ALONE_STEPS + 1])
+    decode = StepBatch((), 1, CHAT_PROMPT)
+    alone = size_batch_prefills(MODEL, MEAN_MS / 1000, STEP_TOKENS, decode,
+                                [BatchPrefill(prefix, BATCH_PROMPT - prefix)], BLOCK)  # fmt: skip
+    assert alone == [0], "held to the mean at every step, the prompt would stall"
+    assert 3 <= sum(1 for g in beside if g) <= len(beside) - 3, beside
+    for g in beside:
+        chunk = (PrefillChunk(g, prefix),) if g else ()
+        assert MODEL.step_seconds(StepBatch(chunk, 1, CHAT_PROMPT)) <= TARGET_MS / 1000
+        prefix += g
+    sim = simulated(BATCH_PROMPT, chat_at=ALONE_STEPS, steps=len(steps), mean_ms=MEAN_MS,
+                    chat_tokens=16)  # fmt: skip
+    assert sim == steps
 
 
 def test_the_simulators_engine_moves_batch_beside_a_chat_prompt_that_finds_no_kv(seen):

@@ -29,6 +29,9 @@ def test_round_trip():
     assert "idle_step_target_ms" not in json.loads(parsed.to_json())
     idle = control_document.parse(json.dumps({**doc(), "idle_step_target_ms": 250}))
     assert control_document.parse(idle.to_json()).idle_step_target_ms == 250.0
+    assert parsed.mean_step_target_ms is None and "mean_step_target_ms" not in parsed.to_json()
+    meant = decision_document(5, 40.0, MODEL, 60, now=1000.0, mean_target_ms=16.0)
+    assert control_document.parse(meant.to_json()).mean_step_target_ms == 16.0
     assert parsed.chat_cache_horizon_s is None and "chat_cache_horizon_s" not in parsed.to_json()
     kept = control_document.parse(json.dumps({**doc(), "chat_cache_horizon_s": 60}))
     assert control_document.parse(kept.to_json()).chat_cache_horizon_s == 60.0
@@ -52,6 +55,7 @@ def test_round_trip():
         ({"format": "other/9"}, "format 'other/9'"),
         ({"idle_step_target_ms": -5}, "idle_step_target_ms must be a finite number >= 0"),
         ({"idle_step_target_ms": None}, "idle_step_target_ms must be float"),
+        ({"mean_step_target_ms": float("nan")}, "mean_step_target_ms must be a finite number"),
         ({"chat_cache_horizon_s": -1}, "chat_cache_horizon_s must be a finite number >= 0"),
         ({"tail_scale": "no"}, "tail_scale must be bool"),
     ],

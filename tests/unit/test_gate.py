@@ -246,7 +246,7 @@ def test_decisions_are_recorded_and_exported_on_the_metrics_port(gates):
         "observed_ttft_p99_s", "observed_kv_usage", "predicted_step_ms", "reason",
         "prefill_budget_tokens", "batch_step_target_ms", "kv_room_tokens",
         "observed_target_bound_share",
-        "observed_chat_cache_tokens", "slack_mark",
+        "observed_chat_cache_tokens", "slack_mark", "mean_step_target_ms",
     }  # fmt: skip
     r0 = [r for r in rows if r["replica"] == "r0"][-1]
     assert r0["observed_itl_p99_s"] == 0.012 and r0["observed_kv_usage"] == 0.3
@@ -257,6 +257,7 @@ def test_decisions_are_recorded_and_exported_on_the_metrics_port(gates):
     assert 'nightshift_batch_seats{replica="r0"} 64.0' in text
     assert 'nightshift_batch_step_target_seconds{replica="r0"} 0.025' in text
     assert 'nightshift_kv_room_tokens{replica="r0"} NaN' in text  # no KV capacity: unbounded
+    assert 'nightshift_batch_step_mean_seconds{replica="r0"} NaN' in text  # no E2E SLO
     assert 'nightshift_chat_cache_tokens{replica="r0"} NaN' in text  # no plug-in counting it
     mark = re.search(r'nightshift_slack_mark\{replica="r0"\} (\S+)', text)
     assert mark and float(mark.group(1)) == pytest.approx(0.8)

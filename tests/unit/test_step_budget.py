@@ -10,6 +10,7 @@ from scheduler.step_budget import (
     BatchPrefill,
     BatchStepTarget,
     StepBudget,
+    StepCredit,
     batch_room,
     is_batch,
     size_batch_prefills,
@@ -117,3 +118,51 @@ def test_a_step_that_carries_a_chat_prompt_leaves_batch_no_room():
     assert batch_room(512, 136, CHAT) == 0
     assert batch_room(512, 8, decodes, paused=True) == 0
     assert batch_room(512, 600, decodes) == 0
+
+
+DECODES = StepBatch((), decode_seqs=8, decode_context_tokens=8000)
+
+
+def _credit_steps(target: BatchStepTarget, steps: int, prefix: int = 78_000):
+    """Steps of chat's decodes beside one document deep in its prefill, each sized as the plug-in
+    sizes it under `target` with a credit; the grants and the steps' predicted seconds."""
+    credit, grants, seconds = StepCredit(), [], []
+    for _ in range(steps):
+        budget = StepBudget(MODEL, credit.step_target_s(target, True), 4096, DECODES)
+        grants.append(budget.grant(BatchPrefill(prefix, 2_000)))
+        seconds.append(budget.seconds())
+        credit.ran(target, True, seconds[-1])
+        assert 0 <= credit.seconds <= target.target_s - target.mean_target_s
+    return grants, seconds
+
+
+def test_a_mean_target_under_one_block_moves_a_deep_document_on_what_steps_leave():
+    """Deep in a prompt one block costs more than the mean leaves beside chat's decodes: held to
+    the mean at every step the document stalls; with the credit it moves in a longer step, no
+    step past the target and the steps' mean within the mean plus one step's overrun."""
+    decodes_s = MODEL.step_seconds(DECODES)
+    block_s = MODEL.step_seconds(StepBatch((PrefillChunk(16, 78_000),), 8, 8000)) - decodes_s
+    mean = decodes_s + block_s / 3
+    target = BatchStepTarget(decodes_s + 2 * block_s, MODEL, mean_target_s=mean)
+    assert grant(78_000, target_ms=1000 * mean, room=4096) == 0, "held to the mean: a stall"
+    grants, seconds = _credit_steps(target, 300)
+    assert sum(grants) > 0 and max(seconds) <= target.target_s
+    assert sum(seconds) / len(seconds) <= mean + (target.target_s - mean) / len(seconds)
+    assert sum(1 for g in grants if g) >= len(grants) // 4, "a block every few steps"
+
+
+def test_without_a_mean_or_without_chat_the_credit_changes_nothing():
+    plain = BatchStepTarget(0.040, MODEL, idle_target_s=0.080)
+    credit = StepCredit()
+    credit.ran(plain, True, 0.001)
+    assert credit.seconds == 0 and credit.step_target_s(plain, True) == 0.040
+    meant = BatchStepTarget(0.040, MODEL, idle_target_s=0.080, mean_target_s=0.020)
+    credit.ran(meant, False, 0.001)
+    assert credit.seconds == 0, "a step with no chat in the engine earns nothing"
+    assert credit.step_target_s(meant, False) == 0.080, "it runs to the idle target"
+    credit.ran(meant, True, 0.001)
+    credit.ran(meant, True, 0.001)
+    assert credit.seconds == pytest.approx(0.020), "earned up to target - mean, no more"
+    assert credit.step_target_s(meant, True) == pytest.approx(0.040)
+    credit.ran(meant, True, 0.100)
+    assert credit.seconds == 0, "a step chat alone made long is not batch's debt"
