@@ -10,6 +10,8 @@ gives a short chunk deep in an 80k-token document and a long one at its start.
 
 A step that carries a chat prompt's prefill carries no batch prefill (`batch_room`): chat's
 first token then waits for at most one step the target bounds, as each of its later tokens does.
+Under a mean target (an E2E SLO bounds the sum of an answer's steps) a step's target is the mean
+plus what earlier steps left unused below it, never past the target (`StepCredit`).
 
 Invariants of every grant:
 - it never exceeds the request's remaining prompt nor the step's remaining token room;

@@ -8,7 +8,8 @@ preempted: its blocks are freed and it goes back to the waiting queue to recompu
 
 With a `batch_target` set (the engine plug-in's control document, in the real engine) each step
 first reserves chat's share and then sizes every batch prefill chunk with the plug-in's own
-`StepBudget`, in the same order vLLM reaches the requests, so a simulated replica runs the plug-in.
+`StepBudget`, in the same order vLLM reaches the requests, and keeps the plug-in's `StepCredit`
+under a mean target, so a simulated replica runs the plug-in.
 """
 
 from __future__ import annotations
