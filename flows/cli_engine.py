@@ -161,8 +161,9 @@ def plugin_line(name: str, doc: dict) -> str:
     def ms(v) -> str:
         return "-" if v is None else f"{v:.1f} ms"
 
-    target = doc.get("batch_step_target_ms")
+    target, mean = doc.get("batch_step_target_ms"), doc.get("mean_step_target_ms")
     applies = doc.get("state", "?") + ("" if target is None else f", target {target:g} ms")
+    applies += "" if mean is None else f", mean {mean:g} ms"
     p99 = histogram_quantile(status_histogram(doc, "chat_itl_seconds"), 0.99)
     cache = doc.get("chat_cache_tokens")
     scale = doc.get("model_scale")

@@ -17,7 +17,7 @@ step's chat load (`scheduler/step_budget.py`); this controller closes the loop a
 3. **Model correction.** The target sent is the real one over the smoothed measured/modelled
    time of the plug-in's batch steps, and between changes only falls. The first measurement (the
    engine's whole record, where it has one) re-aims the cold start, unjudged.
-4. **Seats and KV.** Batch decodes fit `DECODE_SHARE` of the target, chat keeps
+4. **Seats and KV.** Batch decodes fit `DECODE_SHARE` of the (mean) step, chat keeps
    `chat_slot_share` of the engine's slots, and a whole document is admitted only while it fits
    under `kv_high_water` beside everything committed, chat's cached histories included
    (`scheduler/chat_cache.py`): never preempted, never evicting what chat comes back to.

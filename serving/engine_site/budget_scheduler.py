@@ -160,6 +160,7 @@ class _Plugin:
             "state": d.state if d else "inert",
             "control_seq": d.seq if d else None,
             "batch_step_target_ms": 1000 * d.target_s if d else None,
+            "mean_step_target_ms": 1000 * d.mean_target_s if d and d.mean_target_s else None,
             "rejected": ch.rejected if ch else 0,
             "last_rejection": ch.last_rejection if ch else None,
             "chat_cache_tokens": self.chat_cache.tokens(time.monotonic(), self.cache_horizon()),

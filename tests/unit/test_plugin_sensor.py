@@ -108,6 +108,10 @@ def test_engine_status_shows_how_many_steps_of_the_last_interval_ran_at_the_targ
     assert "model x" not in line  # a status written before the plug-in reported its scale
     doc = status.document({"state": "active", "batch_step_target_ms": 20, "model_scale": 1.07})
     assert "model x1.07 here" in plugin_line("r0", doc)
+    doc = status.document(
+        {"state": "active", "batch_step_target_ms": 40, "mean_step_target_ms": 12}
+    )
+    assert "target 40 ms, mean 12 ms" in plugin_line("r0", doc)
 
 
 def test_chats_cached_histories_reach_the_controller_and_engine_status(tmp_path):
