@@ -94,21 +94,29 @@ class StepCredit:
 
     def __init__(self) -> None:
         self.seconds = 0.0
+        self._open: tuple[float, float] | None = None  # (mean, room) of the step to settle
+
+    @property
+    def settling(self) -> bool:
+        """Whether the step last given a target earns or spends (`ran` settles it)."""
+        return self._open is not None
 
     def step_target_s(self, target: BatchStepTarget, chat_in_engine: bool) -> float:
         """The target of this step: `target.step_target_s` without a mean or without chat, else
-        the mean plus the credit."""
-        mean = target.mean_target_s
-        if not chat_in_engine or mean is None or mean >= target.target_s:
-            return target.step_target_s(chat_in_engine)
-        return mean + self.seconds
-
-    def ran(self, target: BatchStepTarget, chat_in_engine: bool, step_s: float) -> None:
-        """Settle a step whose predicted time, in the target's units, was `step_s`."""
+        the mean plus the credit. The step is then settled by `ran`."""
         mean = target.mean_target_s
         if not chat_in_engine or mean is None:
+            self._open = None
+            return target.step_target_s(chat_in_engine)
+        self._open = (mean, max(0.0, target.target_s - mean))
+        return min(target.target_s, mean + self.seconds)
+
+    def ran(self, step_s: float) -> None:
+        """Settle the step last given a target, whose predicted time, in the target's units, was
+        `step_s` (nothing to settle: no change)."""
+        if self._open is None:
             return
-        room = max(0.0, target.target_s - mean)
+        (mean, room), self._open = self._open, None
         self.seconds = min(room, max(0.0, self.seconds + mean - step_s))
 
 

@@ -99,7 +99,6 @@ class EngineScheduler:
         """The plug-in's batch step target for this replica; None: stock scheduling."""
         self._step_budget: StepBudget | None = None
         self._credit = StepCredit()
-        self._step_chat = False  # whether chat was in the engine when this step was composed
         self._step_scale = 1.0  # what this step's model prediction was scaled by
         self._chat_reserved = False
         self._chat_prefill_stalled = False
@@ -156,10 +155,8 @@ class EngineScheduler:
             len(step.decodes),
             sum(r.prompt_tokens + r.output_tokens for r in step.decodes),
         )
-        target = self.batch_target
-        if target is not None and target.mean_target_s is not None:
-            predicted = target.model.step_seconds(step.batch) * self._step_scale
-            self._credit.ran(target, self._step_chat, predicted)
+        if self._credit.settling:
+            self._credit.ran(self.batch_target.model.step_seconds(step.batch) * self._step_scale)
         return step
 
     def _plug_in_budget(self, now: float) -> StepBudget | None:
@@ -184,7 +181,6 @@ class EngineScheduler:
             [*map(_in_engine, self.running),
              *(_in_engine(e[3] if self.by_priority else e) for e in waiting)]
         )  # fmt: skip
-        self._step_chat = chat
         self._step_scale = target.applied_scale(self.scale.at(now))
         target_s = self._credit.step_target_s(target, chat) / self._step_scale
         return StepBudget(

@@ -108,9 +108,6 @@ class _Plugin:
         self.status = EngineStatus(Path(folder) / STATUS_FILE if folder else None)
         self.directive: Directive | None = None
         self.budget: StepBudget | None = None
-        self.target: BatchStepTarget | None = None
-        """This step's target, with `chat_in_engine`: what `credit` settles the step against."""
-        self.chat_in_engine = False
         self.credit = StepCredit()
         self.pending: deque[tuple[float, StepRecord]] = deque()
         self.last_update = 0.0
@@ -175,7 +172,7 @@ class _Plugin:
 
     def begin_step(self, sched) -> None:
         self.step_started = time.monotonic()
-        self.budget = self.target = None
+        self.budget = None
         self.held_back = self.target_bound = self.chat_reserved = False
         self.directive = self.channel.directive() if self.channel else None
         d = self.directive
@@ -193,7 +190,6 @@ class _Plugin:
         )
         target = BatchStepTarget(d.target_s, d.model, idle_target_s=d.idle_target_s,
                                  tail_scale=d.tail_scale, mean_target_s=d.mean_target_s)  # fmt: skip
-        self.target, self.chat_in_engine = target, chat
         self.applied_scale = target.applied_scale(self.scale.at(self.step_started))
         self.budget = StepBudget(d.model, self.credit.step_target_s(target, chat)
                                  / self.applied_scale, room, fixed, sched.block_size,
@@ -279,8 +275,7 @@ class _Plugin:
         if self.directive is not None:
             rec.model_s = self.directive.model.step_seconds(rec.step)
             rec.predicted_s = rec.model_s * self.applied_scale
-        if self.target is not None:
-            self.credit.ran(self.target, self.chat_in_engine, rec.predicted_s)
+        self.credit.ran(rec.predicted_s)
         self.pending.append((self.step_started, rec))
 
     def log_step(self, step: StepBatch, seconds: float) -> None:

@@ -131,7 +131,7 @@ def _credit_steps(target: BatchStepTarget, steps: int, prefix: int = 78_000):
         budget = StepBudget(MODEL, credit.step_target_s(target, True), 4096, DECODES)
         grants.append(budget.grant(BatchPrefill(prefix, 2_000)))
         seconds.append(budget.seconds())
-        credit.ran(target, True, seconds[-1])
+        credit.ran(seconds[-1])
         assert 0 <= credit.seconds <= target.target_s - target.mean_target_s
     return grants, seconds
 
@@ -154,15 +154,17 @@ def test_a_mean_target_under_one_block_moves_a_deep_document_on_what_steps_leave
 def test_without_a_mean_or_without_chat_the_credit_changes_nothing():
     plain = BatchStepTarget(0.040, MODEL, idle_target_s=0.080)
     credit = StepCredit()
-    credit.ran(plain, True, 0.001)
-    assert credit.seconds == 0 and credit.step_target_s(plain, True) == 0.040
+    assert credit.step_target_s(plain, True) == 0.040 and not credit.settling
+    credit.ran(0.001)
+    assert credit.seconds == 0
     meant = BatchStepTarget(0.040, MODEL, idle_target_s=0.080, mean_target_s=0.020)
-    credit.ran(meant, False, 0.001)
-    assert credit.seconds == 0, "a step with no chat in the engine earns nothing"
     assert credit.step_target_s(meant, False) == 0.080, "it runs to the idle target"
-    credit.ran(meant, True, 0.001)
-    credit.ran(meant, True, 0.001)
+    credit.ran(0.001)
+    assert credit.seconds == 0, "a step with no chat in the engine earns nothing"
+    for _ in range(2):
+        credit.step_target_s(meant, True)
+        credit.ran(0.001)
     assert credit.seconds == pytest.approx(0.020), "earned up to target - mean, no more"
     assert credit.step_target_s(meant, True) == pytest.approx(0.040)
-    credit.ran(meant, True, 0.100)
+    credit.ran(0.100)
     assert credit.seconds == 0, "a step chat alone made long is not batch's debt"
