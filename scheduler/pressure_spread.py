@@ -17,10 +17,17 @@ The slack mark is where the next window breaks the SLO with odds of one in a hun
 variance holds, so the next window's log pressure over it follows Student's t, not the normal:
 taken at its word with the normal quantile, a narrow estimate let 2.9% of windows break.
 
+A sample past the deviation the mark already allows for (`MISS_T` standard deviations) counts as
+one at it. A window that far out is a spell, not the spread: a process stalling a small host's
+engine for a second breaks the SLO at any target, and the cut answers it. Taken at its word, one
+such window would halve the mark and set the margin for many windows after it; clipped, it
+widens the spread by a bounded step, and windows that are normal about their level lose nothing
+(their margin still breaks the SLO about one window in a hundred).
+
 Invariant: `slack_mark()` is in (0, 1); before any sample it is the operator's prior, and each
-sample moves the running variance by `SPREAD_WEIGHT` of its error, so a replica whose noise
-changes (a busier host, a new chat mix) is followed within a few windows. Pure and
-clock-agnostic: the caller passes each window's end and start.
+sample moves the running variance by `SPREAD_WEIGHT` of its error, at most tripling it, so a
+replica whose noise really widens (a busier host, a new chat mix) is followed within a few
+windows. Pure and clock-agnostic: the caller passes each window's end and start.
 """
 
 from __future__ import annotations
@@ -85,7 +92,8 @@ class PressureSpread:
         self.last, self.aimed = None, aimed
 
     def _sample(self, squared_log_deviation: float) -> None:
-        self.variance += SPREAD_WEIGHT * (squared_log_deviation - self.variance)
+        clipped = min(squared_log_deviation, MISS_T**2 * self.variance)
+        self.variance += SPREAD_WEIGHT * (clipped - self.variance)
 
 
 def _measured(pressure: float) -> bool:

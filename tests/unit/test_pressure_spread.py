@@ -98,3 +98,24 @@ def test_only_a_growth_is_judged_and_only_once():
     judged = spread.slack_mark()
     spread.judge_growth(2.0)  # the next window is not the first to show the growth
     assert spread.slack_mark() == judged > 0.8
+
+
+def test_one_window_far_out_widens_the_spread_a_bounded_step():
+    """A host spell reads far past what the mark allows for: it counts as a window at the
+    mark's own quantile, tripling the variance, rather than setting the margin by itself."""
+    prior = PressureSpread.from_slack(0.8)
+    spell = PressureSpread.from_slack(0.8)
+    spell.target_changed(aimed=0.8)
+    spell.judge_growth(1.5)
+    assert spell.variance == pytest.approx(3 * prior.variance, rel=0.01)
+    assert 0.6 < spell.slack_mark() < 0.8
+
+
+def test_a_noise_that_really_widens_is_followed_within_a_few_windows():
+    """Windows alternating 0.4 and 0.6 have the spread whose mark is 0.42; from a prior of 0.8,
+    each clipped sample still moves toward it, and five pairs bring the mark within 0.1 of it."""
+    spread = PressureSpread.from_slack(0.8)
+    for i in range(6):
+        spread.observe(10.0 * (i + 1), 10.0 * i, 0.4 if i % 2 else 0.6)
+    wide = math.exp(-MISS_T * abs(math.log(1.5)) / math.sqrt(2))
+    assert wide < spread.slack_mark() < wide + 0.1
