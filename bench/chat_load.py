@@ -27,6 +27,7 @@ from bench.chat_results import ChatLoadResult, SentTurn, default_goodput_slos
 from bench.chat_sessions import Arrival, ChatShape, TurnPlan, plan_turns, poisson_arrivals
 from bench.chat_spool import RecordSpool
 from bench.chat_tally import ChatTally
+from bench.frozen_heap import frozen_heap
 from scheduler.records import RequestRecord
 from serving.client import ClientConfig, StreamingClient
 from simulator.trace import TraceRow
@@ -170,7 +171,8 @@ async def run_chat_load(
     run = _Run(spec, builder, clients, router, run_id, tokenizer, tally, on_record, spool)
     started = time.time()
     try:
-        await run.play(plans, stop)
+        with frozen_heap():  # a full collection of the process must not stall the stamps
+            await run.play(plans, stop)
     finally:
         for client in clients.values():
             await client.aclose()
