@@ -31,17 +31,23 @@ def _unfrozen():
     gc.unfreeze()
 
 
-def test_garbage_from_before_the_block_outlives_collections_inside_it_and_not_after() -> None:
-    old = cycle()
+def test_garbage_on_entry_is_collected_and_what_lived_then_is_kept_until_exit() -> None:
+    dead = cycle()
+    kept = Node()
+    kept.other = Node()
+    kept.other.other = kept  # a cycle alive on entry
+    alive = weakref.ref(kept)
     with frozen_heap():
+        assert dead() is None, "garbage on entry is collected, not frozen"
         assert gc.get_freeze_count() > 0
+        del kept  # cyclic garbage now, but frozen
         new = cycle()
         gc.collect()
-        assert old() is not None, "the heap held on entry is not scanned"
+        assert alive() is not None, "the heap held on entry is not scanned"
         assert new() is None, "what the block makes is collected as usual"
     assert gc.get_freeze_count() == 0
     gc.collect()
-    assert old() is None
+    assert alive() is None
 
 
 def test_nested_and_overlapping_blocks_unfreeze_on_the_last_exit_only() -> None:
