@@ -21,7 +21,6 @@ from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from prefect.cache_policies import NO_CACHE
 
 from flows.replicas import read_replica_file, replicas_for_run
-from pipelines.attempt_memory import release_unreferenced
 from pipelines.config import PipelineConfig
 from pipelines.job import JobResult, JobSpec, run_job
 from pipelines.night import deadline_after, night_run_id
@@ -58,8 +57,7 @@ def plan_caps(latency_model: str | None, slo: SLO, max_model_len: int) -> list[d
 @task(retries=1, retry_delay_seconds=10, cache_policy=NO_CACHE)
 def run_pipeline(spec: JobSpec) -> JobResult:
     """Never cached: a retry must resume the run, and the spec holds live metrics and auth. A
-    retry starts by giving back what the failed attempt left in this process."""
-    release_unreferenced()
+    retry, like every run, starts by giving back what the attempt before left in this process."""
     return run_job(spec)
 
 

@@ -1,12 +1,14 @@
-"""What a failed pipeline attempt leaves in the driver's memory, given back before the next.
+"""What the work before a run left in the driver's process, given back before the run starts.
 
-The flow retries the pipeline in the same process (a Gate lost mid-night, say). The failed
-attempt's datasets, corpus table and executor are unreachable then but sit in reference cycles (an
-exception's traceback holds the frames that hold them), which Python frees only when its cycle
-collector next runs a full pass; and memory that is freed stays in the process: Arrow's allocator
-and glibc's heap keep their free pages for reuse. Unless both are given back, the driver carries
-the failed attempt's peak on top of the retry's for the rest of the night. Collecting the cycles
-drops their Ray object references too, so the object store can free the attempt's blocks.
+A process may run several nights, or attempts of one: the flow retries the pipeline in the same
+process (a Gate lost mid-night, say), and a benchmark runs one night per scenario. What the work
+before left sits in reference cycles (an exception's traceback holds the frames that hold a failed
+attempt's datasets, corpus table and executor; a night stopped early leaves Ray Data's actor pool
+reachable only from such cycles), which Python frees only when its cycle collector next runs a
+full pass. Until then the pool's actors live and hold their Ray CPUs, so the next night's first
+task waits for a collection nothing schedules; and the memory, once freed, stays in the process:
+Arrow's allocator and glibc's heap keep their free pages for reuse. Unless both are given back, a
+night waits on its predecessor's actors and carries its peak on top of its own.
 """
 
 from __future__ import annotations
@@ -20,8 +22,9 @@ log = logging.getLogger(__name__)
 
 
 def release_unreferenced() -> None:
-    """Collect every unreachable object now, then hand free pages back to the OS. Costs a full
-    collection (well under a second for a driver's heap), so it runs once per attempt."""
+    """Collect every unreachable object now (Ray ends the actors whose last handle goes), then
+    hand free pages back to the OS. Costs a full collection (well under a second for a driver's
+    heap), so it runs once per run."""
     gc.collect()
     try:
         import pyarrow as pa

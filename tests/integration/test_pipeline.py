@@ -6,6 +6,7 @@ import os
 import signal
 import threading
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pyarrow as pa
@@ -139,3 +140,48 @@ def test_rerun_resumes_without_redoing_and_refuses_another_corpus(
     write_corpus(other, docs=2, lo=300, hi=400, seed=9)
     with pytest.raises(RunMismatch, match="different corpus"):
         run_job(spec_for(other, two_replicas[:1], results, "again"))
+
+
+def test_a_night_starts_after_giving_back_what_the_work_before_left_in_a_cycle(
+    two_replicas, tmp_path: Path
+) -> None:
+    """A finished night's actors can outlive it, reachable only from reference cycles, holding
+    their CPUs until a collection (Ray asks for one only after its tasks have waited a while).
+    Here an actor holding every CPU of the cluster stands in for them: it must be gone before
+    the night starts summarizing."""
+    import gc
+    import weakref
+
+    import ray
+
+    @ray.remote
+    class Hog:
+        def ready(self) -> bool:
+            return True
+
+    class Left:
+        pass
+
+    corpus = tmp_path / "corpus.parquet"
+    write_corpus(corpus, docs=2, lo=300, hi=400, seed=11)
+    at_start: dict = {}
+
+    def summarizing() -> None:
+        at_start["cycle"] = left_ref() is not None
+
+    spec = spec_for(corpus, two_replicas[:1], tmp_path / "results", "after-leftovers")
+    spec = replace(spec, on_summarize_start=summarizing)
+    gc.disable()  # the collector must not happen to run first
+    try:
+        left = Left()
+        left.hog = Hog.options(num_cpus=ray.cluster_resources()["CPU"]).remote()
+        assert ray.get(left.hog.ready.remote())
+        left.me = left
+        left_ref = weakref.ref(left)
+        del left
+        assert not ray.available_resources().get("CPU"), "the cycle holds every CPU"
+        result = run_job(spec)
+    finally:
+        gc.enable()
+    assert at_start == {"cycle": False}, "the night started with the hog's CPUs held"
+    assert result.docs_done == 2
