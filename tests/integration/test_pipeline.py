@@ -146,9 +146,9 @@ def test_a_night_starts_after_giving_back_what_the_work_before_left_in_a_cycle(
     two_replicas, tmp_path: Path
 ) -> None:
     """A finished night's actors can outlive it, reachable only from reference cycles, holding
-    their CPUs until a collection (Ray asks for one only after its tasks have waited a while).
-    Here an actor holding every CPU of the cluster stands in for them: it must be gone before
-    the night starts summarizing."""
+    their CPUs until the driver's next full collection, seconds or minutes away. Here an actor
+    holding every CPU of the cluster stands in for them: it must be gone before the night starts
+    summarizing."""
     import gc
     import weakref
 
