@@ -6,7 +6,7 @@ before left sits in reference cycles (an exception's traceback holds the frames 
 attempt's datasets, corpus table and executor; a night stopped early leaves Ray Data's actor pool
 reachable only from such cycles), which Python frees only when its cycle collector next runs a
 full pass. Until then the pool's actors live and hold their Ray CPUs, so the next night's first
-task waits for a collection nothing schedules; and the memory, once freed, stays in the process:
+task waits for whenever a collection next runs; and the memory, once freed, stays in the process:
 Arrow's allocator and glibc's heap keep their free pages for reuse. Unless both are given back, a
 night waits on its predecessor's actors and carries its peak on top of its own.
 """
