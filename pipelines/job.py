@@ -27,11 +27,11 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from pipelines.attempt_memory import release_unreferenced
 from pipelines.config import PipelineConfig
 from pipelines.corpus import classify, read_corpus
 from pipelines.errors import GateLost
 from pipelines.gate_setup import DEFAULT_DOWN_GRACE_S
+from pipelines.leftovers import release_unreferenced
 from pipelines.progress import RunProgress
 from pipelines.request_journal import GATE_DIED_IN_FLIGHT, KILLED_IN_FLIGHT
 from pipelines.run_metrics import RunMetrics
@@ -117,7 +117,7 @@ class JobResult:
 
 def run_job(spec: JobSpec) -> JobResult:
     """Run (or resume) one summarization run to the end and return its totals."""
-    release_unreferenced()  # what the work before left in this process (`attempt_memory`)
+    release_unreferenced()  # what the work before left in this process
     spec = driver_paths(spec)
     engine = load_engine_config(spec.engine_config)
     corpus = read_corpus(spec.corpus)  # a bad corpus fails here, before any work

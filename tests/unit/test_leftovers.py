@@ -1,6 +1,6 @@
 import weakref
 
-from pipelines.attempt_memory import release_unreferenced
+from pipelines.leftovers import release_unreferenced
 
 
 class _Attempt:
